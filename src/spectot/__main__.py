@@ -1,0 +1,3 @@
+from spectot.cli.main import main
+
+raise SystemExit(main())

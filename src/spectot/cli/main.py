@@ -1,0 +1,119 @@
+"""The `spectot` command line. The CLI owns the console; library code only logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from spectot.cli.flags import add_flags, from_flags
+from spectot.config import BenchGenerateOptions, DraftOptions, GenerateOptions, ModelOptions, SamplingOptions
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spectot", description="Lossless speculative acceleration of tree-search reasoning with LLMs."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and library details")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text with ar or speculative decoding")
+    for cls in (ModelOptions, DraftOptions, SamplingOptions, GenerateOptions):
+        add_flags(gen, cls)
+
+    commands.add_parser("models", help="list model aliases and cached models")
+
+    bench = commands.add_parser("bench", help="benchmarks that write JSON, Markdown and PNG")
+    bench_commands = bench.add_subparsers(dest="bench", required=True)
+    bench_gen = bench_commands.add_parser("generate", help="ar / sd vs transformers generate() on GSM8K")
+    for cls in (ModelOptions, BenchGenerateOptions):
+        add_flags(bench_gen, cls)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        _quiet_transformers()
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "models":
+            return _models()
+        if args.command == "bench" and args.bench == "generate":
+            from spectot.bench.generate import run_bench_generate
+
+            run_bench_generate(from_flags(args, ModelOptions), from_flags(args, BenchGenerateOptions))
+            return 0
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"spectot: error: {err}", file=sys.stderr)
+        return 2
+    return 1
+
+
+def _quiet_transformers() -> None:
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
+    sampling, options = from_flags(args, SamplingOptions), from_flags(args, GenerateOptions)
+    if options.method == "sd" and draft.draft == "none":
+        raise ValueError("--method sd needs a draft: --draft ngram or a draft model (or use --method ar)")
+    from spectot.data.jsonl import read_field
+    from spectot.pipeline import Pipeline
+
+    prompts = [options.prompt] if options.prompt is not None else read_field(options.prompts, options.field_name, options.limit)
+    pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
+    outs = pipe.generate(
+        prompts,
+        max_new_tokens=sampling.max_new_tokens,
+        do_sample=sampling.temperature > 0,
+        temperature=sampling.temperature or 1.0,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        method=options.method,
+        num_draft_tokens=draft.num_draft_tokens,
+        stop=sampling.stop,
+        seed=sampling.seed,
+        batch_size=options.batch_size,
+    )
+    if options.json:
+        for out in outs:
+            print(json.dumps(out.to_dict()))
+        return 0
+    from rich.console import Console
+
+    from spectot.cli.tables import stats_table
+
+    console = Console()
+    for out in outs:
+        console.rule(f"[bold]{out.prompt[:80]}")
+        console.print(out.text, markup=False, highlight=False)
+    console.print(stats_table([o.stats for o in outs], options.method))
+    return 0
+
+
+def _models() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from spectot.models.registry import ALIASES, alias_path, cached_models, spectot_home
+
+    table = Table(title=f"models (cache: {spectot_home()})")
+    for col in ("name", "description", "cached at"):
+        table.add_column(col)
+    for alias in ALIASES:
+        path = alias_path(alias)
+        table.add_row(alias.name, alias.description, str(path) if (path / "config.json").exists() else f"not yet ({alias.install})")
+    known = {alias_path(a) for a in ALIASES}
+    for path in cached_models():
+        if path not in known:
+            table.add_row(path.name, "cached checkpoint", str(path))
+    Console().print(table)
+    return 0

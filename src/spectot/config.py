@@ -1,0 +1,94 @@
+"""Typed configuration: the single source of the CLI flags (``cli/flags.py`` reads these fields).
+
+Every field carries its help text; ``Literal`` fields become choices. Validation happens here,
+eagerly, with messages that say how to fix the input. No torch import: ``spectot --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DType = Literal["bf16", "fp32", "fp16"]
+Method = Literal["ar", "sd"]
+
+
+def opt(help: str, **kw) -> dict:
+    return dict(metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    target: str = field(default="smollm2-135m", **opt("target model: alias (see `spectot models`), local path or hub id"))
+    dtype: DType = field(default="bf16", **opt("weights and compute dtype: bf16 is fast, fp32 is exact"))
+    threads: int = field(default=0, **opt("CPU threads for torch (0 = torch's default)"))
+    chat_template: bool = field(default=True, **opt("wrap prompts in the tokenizer's chat template (instruct models)"))
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError(f"--threads must be >= 0, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    draft: str = field(
+        default="ngram",
+        **opt("draft: 'none', 'ngram' (prompt lookup, no model), or a model alias/path sharing the target's tokenizer"),
+    )
+    num_draft_tokens: int = field(default=5, **opt("k: draft tokens verified per target forward (sd)"))
+    ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))
+    ngram_min: int = field(default=1, **opt("shortest n-gram the prompt-lookup draft matches"))
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"--num-draft-tokens must be >= 1, got {self.num_draft_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, {self.ngram_max}")
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_new_tokens: int = field(default=128, **opt("tokens to generate per prompt at most"))
+    temperature: float = field(default=0.0, **opt("sampling temperature; 0 = greedy"))
+    top_k: int = field(default=0, **opt("keep the k most likely tokens (0 = off)"))
+    top_p: float = field(default=1.0, **opt("nucleus sampling mass (1 = off)"))
+    seed: int = field(default=0, **opt("random seed: same seed, same output"))
+    stop: tuple[str, ...] = field(default=(), **opt("stop string (repeatable)", action="append"))
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"--top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    method: Method = field(default="sd", **opt("ar: autoregressive baseline; sd: chain speculative decoding"))
+    prompt: str | None = field(default=None, **opt("one prompt text"))
+    prompts: str | None = field(default=None, **opt("JSONL file of prompts (one object per line)"))
+    field_name: str = field(default="question", **opt("JSON field holding the prompt in --prompts", flag="--field"))
+    limit: int = field(default=0, **opt("use only the first N prompts of --prompts (0 = all)"))
+    batch_size: int = field(default=1, **opt("prompts decoded together, one target forward per step for all"))
+    json: bool = field(default=False, **opt("print one JSON object per prompt (text, token ids, stats)"))
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.prompts is None):
+            raise ValueError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class BenchGenerateOptions:
+    data: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K-style JSONL (field 'question')"))
+    num_prompts: int = field(default=20, **opt("first N questions"))
+    max_new_tokens: int = field(default=128, **opt("tokens per prompt"))
+    out: str = field(default="runs/bench_generate", **opt("output folder (JSON, Markdown, PNG)"))
+    tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
+    prompt_lookup_tokens: int = field(default=10, **opt("transformers prompt_lookup_num_tokens"))
+    repeats: int = field(default=1, **opt("timed passes per method (the best is reported)"))

@@ -1,0 +1,139 @@
+"""The flat KV cache: one slot array shared by every stream, a search tree of token paths.
+
+All streams of a model live in one key/value buffer of ``capacity`` slots. A *stream* is a
+root-to-leaf path through that buffer: the ordered list of slots holding its tokens. Forking a
+stream copies the list, not the keys, so the n thoughts of a Tree-of-Thoughts level share their
+prompt's KV once (reference counts say when a slot is free).
+
+New tokens are always written at the tail (slots ``used .. used + N - 1``). Removing slots (the
+rejected nodes of a verified tree, a truncated draft, a released stream) shifts every later slot
+down, so the buffer never holds garbage and a stream's view of it is exactly what prefilling its
+tokens would give.
+
+Worked example: stream A holds the prompt in slots [0, 1, 2]; B = fork(A); a forward appends a
+2-node tree to A (slots 3, 4) and a 1-node tree to B (slot 5). A accepts only its root, B its root:
+slot 4 is removed, slot 5 shifts to 4, and A = [0, 1, 2, 3], B = [0, 1, 2, 4].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class _Stream:
+    slots: torch.Tensor  # (capacity_s,) int64; the first `length` entries are the path
+    length: int = 0
+
+    def view(self) -> torch.Tensor:
+        return self.slots[: self.length]
+
+    def append(self, new_slots: torch.Tensor) -> None:
+        need = self.length + new_slots.numel()
+        if need > self.slots.numel():
+            grown = torch.empty(max(need, 2 * self.slots.numel()), dtype=torch.int64)
+            grown[: self.length] = self.view()
+            self.slots = grown
+        self.slots[self.length : need] = new_slots
+        self.length = need
+
+
+@dataclass
+class FlatKVCache:
+    """Keys and values of every layer, ``buffer[layer, 0|1]`` is (H_kv, capacity, D)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    capacity: int = 1024
+    used: int = 0
+    buffer: torch.Tensor = field(init=False)  # (L, 2, H_kv, capacity, D)
+    refcount: torch.Tensor = field(init=False)  # (capacity,) int32: streams holding each slot
+    streams: dict[int, _Stream] = field(init=False, default_factory=dict)
+    _next_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.buffer = torch.zeros(self._shape(self.capacity), dtype=self.dtype, device=self.device)
+        self.refcount = torch.zeros(self.capacity, dtype=torch.int32)
+
+    def _shape(self, capacity: int) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim)
+
+    # -- streams ---------------------------------------------------------------------------
+    def new_stream(self, fork_of: int | None = None) -> int:
+        sid, self._next_id = self._next_id, self._next_id + 1
+        stream = _Stream(torch.empty(64, dtype=torch.int64))
+        if fork_of is not None:
+            parent = self.streams[fork_of].view()
+            stream.append(parent)
+            self.refcount[parent] += 1
+        self.streams[sid] = stream
+        return sid
+
+    def length(self, sid: int) -> int:
+        return self.streams[sid].length
+
+    def slots(self, sid: int) -> torch.Tensor:
+        return self.streams[sid].view()
+
+    def truncate(self, sid: int, length: int) -> None:
+        """Drop a stream's tokens after ``length`` (a rollback); slots nobody holds are freed."""
+        stream = self.streams[sid]
+        if length >= stream.length:
+            return
+        dropped = stream.view()[length:].clone()
+        stream.length = length
+        self._release_slots(dropped)
+
+    def release(self, sid: int) -> None:
+        self._release_slots(self.streams.pop(sid).view().clone())
+
+    def _release_slots(self, slots: torch.Tensor) -> None:
+        self.refcount[slots] -= 1
+        self.remove(slots[self.refcount[slots] == 0])
+
+    # -- slots -----------------------------------------------------------------------------
+    def reserve(self, n: int) -> int:
+        """Make room for n tail slots; returns the first one. The caller writes and then keeps
+        (``hold``) or drops (``remove``) each of them."""
+        if self.used + n > self.capacity:
+            capacity = max(self.used + n, 2 * self.capacity)
+            grown = torch.zeros(self._shape(capacity), dtype=self.dtype, device=self.device)
+            grown[:, :, :, : self.used] = self.buffer[:, :, :, : self.used]
+            self.buffer = grown
+            refcount = torch.zeros(capacity, dtype=torch.int32)
+            refcount[: self.used] = self.refcount[: self.used]
+            self.refcount = refcount
+            self.capacity = capacity
+        start = self.used
+        self.used += n
+        return start
+
+    def hold(self, sid: int, slots: torch.Tensor) -> None:
+        """Append already-written slots to a stream's path."""
+        self.streams[sid].append(slots)
+        self.refcount[slots] += 1
+
+    def remove(self, slots: torch.Tensor) -> None:
+        """Delete slots nobody holds; later slots shift down so the buffer stays dense."""
+        if slots.numel() == 0:
+            return
+        gone = torch.zeros(self.used, dtype=torch.bool)
+        gone[slots] = True
+        first = int(slots.min())  # host sync: the shift starts here
+        keep = (~gone[first:]).nonzero().squeeze(1) + first  # (kept after first,)
+        n_keep = keep.numel()
+        if n_keep:
+            self.buffer[:, :, :, first : first + n_keep] = self.buffer[:, :, :, keep]
+            self.refcount[first : first + n_keep] = self.refcount[keep]
+        shift = torch.cumsum(gone, 0)  # slot j moves to j - shift[j]
+        for stream in self.streams.values():
+            path = stream.view()
+            if path.numel() and int(path.max()) >= first:
+                path -= shift[path]
+        self.used = first + n_keep
+        self.refcount[self.used :] = 0

@@ -1,0 +1,225 @@
+"""ModelRunner: one target forward over token trees appended to many streams, then commit.
+
+The runner owns a model's flat KV cache (``kv_cache.py``) and its own attention; projections,
+norms, MLPs and rotary embeddings are the checkpoint's modules. One ``forward`` lays the trees of
+several streams side by side in a single sequence of N new tokens (batch dimension 1), so B streams
+x k tree tokens cost one target forward with N = B*k rows: on a CPU in bf16 that costs little more
+than one row. Each new token attends to its own stream's path and its tree ancestors through an
+additive mask; positions are stream length + depth.
+
+Worked example: stream A (5 committed tokens, slots 0-4) gets the chain [x, y]; stream B, a fork of
+A with 2 more tokens (slots 0-4, 5, 6) gets the single token [z]. New slots 7, 8, 9; positions
+[5, 6, 7]; row x sees slots {0..4, 7}, y sees {0..4, 7, 8}, z sees {0..6, 9}.
+
+``commit`` keeps the accepted root-to-node path of each stream's tree and removes every other new
+slot, so the cache equals what prefilling the accepted tokens would give.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from spectot.engine.kv_cache import FlatKVCache
+from spectot.engine.token_tree import TokenTree
+from spectot.models.loader import check_architecture
+
+
+class ContextOverflowError(ValueError):
+    """A stream would grow past the model's context."""
+
+
+@dataclass(frozen=True)
+class StreamTree:
+    """A tree to append to one stream in a batched forward."""
+
+    stream: int
+    tree: TokenTree
+
+
+@dataclass
+class ForwardOutput:
+    logits: list[torch.Tensor]  # per stream tree: (n_s, V) float32, or (1, V) with last_only
+    hidden: list[torch.Tensor] | None  # per stream tree: (n_s, H) at the chosen layer
+
+
+@dataclass
+class _Pending:
+    start: int  # first new slot
+    offsets: list[int]  # node offset of each stream tree within the new slots
+    trees: list[StreamTree]
+
+
+class ModelRunner:
+    def __init__(self, model: Any, *, max_context: int | None = None, capacity: int = 1024) -> None:
+        config = model.config
+        limit = check_architecture(config)
+        self.model = model
+        self.max_context = min(limit, max_context or limit)
+        inner = model.model
+        self._embed = inner.embed_tokens
+        self._layers = list(inner.layers)
+        self._norm = inner.norm
+        self._rotary = inner.rotary_emb
+        self._lm_head = model.get_output_embeddings()
+        self._apply_rope = sys.modules[type(self._layers[0].self_attn).__module__].apply_rotary_pos_emb
+        attn = self._layers[0].self_attn
+        self.head_dim = int(attn.head_dim)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.dtype = self._lm_head.weight.dtype
+        self.device = self._lm_head.weight.device
+        self.cache = FlatKVCache(
+            num_layers=len(self._layers),
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            capacity=capacity,
+        )
+        self._pending: _Pending | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    # -- streams ---------------------------------------------------------------------------
+    def new_stream(self, fork_of: int | None = None) -> int:
+        return self.cache.new_stream(fork_of)
+
+    def release(self, stream: int) -> None:
+        self.cache.release(stream)
+
+    def truncate(self, stream: int, length: int) -> None:
+        self.cache.truncate(stream, length)
+
+    def stream_len(self, stream: int) -> int:
+        return self.cache.length(stream)
+
+    # -- forward ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self, trees: Sequence[StreamTree], *, last_only: bool = False, hidden_layer: int | None = None
+    ) -> ForwardOutput:
+        """Run every stream's tree in one forward. ``last_only``: logits of each tree's last node
+        only (a prefill or plain AR step). ``hidden_layer``: also return that hidden state
+        (transformers' ``hidden_states`` index: 0 = embeddings, negative counts from the end)."""
+        if self._pending is not None:
+            raise RuntimeError("commit() the previous forward before running the next one")
+        if not trees:
+            raise ValueError("forward needs at least one stream tree")
+        for st in trees:
+            depth = int(st.tree.depths.max()) + 1
+            if self.cache.length(st.stream) + depth > self.max_context:
+                raise ContextOverflowError(
+                    f"stream would hold {self.cache.length(st.stream) + depth} tokens but the model's context is "
+                    f"{self.max_context}: shorten the prompt or lower max_new_tokens"
+                )
+        sizes = [len(st.tree) for st in trees]
+        offsets = [0]
+        for n in sizes[:-1]:
+            offsets.append(offsets[-1] + n)
+        total = sum(sizes)
+        start = self.cache.reserve(total)
+        tokens = torch.cat([st.tree.tokens for st in trees]).to(self.device)
+        positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
+        mask = self._tree_mask(trees, offsets, start, total)
+        rows = (
+            torch.tensor([o + n - 1 for o, n in zip(offsets, sizes)], device=self.device) if last_only else None
+        )
+        n_hidden = len(self._layers) + 1
+        hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
+        logits, hidden = self._run(tokens, positions, mask, start, rows, hidden_index)
+        self._pending = _Pending(start, offsets, list(trees))
+        if last_only:
+            per_stream = list(logits.float().split(1))
+        else:
+            per_stream = list(logits.float().split(sizes))
+        hidden_out = None if hidden is None else list(hidden.split(sizes))
+        return ForwardOutput(per_stream, hidden_out)
+
+    def _tree_mask(self, trees: Sequence[StreamTree], offsets: list[int], start: int, total: int) -> torch.Tensor:
+        """Additive mask (1, 1, N, start + N): 0 where a new token may attend, -inf elsewhere."""
+        allowed = torch.zeros(total, start + total, dtype=torch.bool)
+        for st, o in zip(trees, offsets):
+            n = len(st.tree)
+            allowed[o : o + n].index_fill_(1, self.cache.slots(st.stream), True)
+            allowed[o : o + n, start + o : start + o + n] = st.tree.ancestors
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
+        return mask.to(self.device)[None, None]
+
+    def _run(
+        self,
+        tokens: torch.Tensor,  # (N,)
+        positions: torch.Tensor,  # (N,)
+        mask: torch.Tensor,  # (1, 1, N, S)
+        start: int,
+        rows: torch.Tensor | None,
+        hidden_index: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self._embed(tokens)[None]  # (1, N, H)
+        cos, sin = self._rotary(x, positions[None])
+        hidden = x[0] if hidden_index == 0 else None
+        for i, layer in enumerate(self._layers):
+            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask, start)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if hidden_index == i + 1:
+                hidden = x[0]
+        x = x[0] if rows is None else x[0, rows]
+        return self._lm_head(self._norm(x)), hidden
+
+    def _attention(
+        self,
+        index: int,
+        attn: Any,
+        x: torch.Tensor,  # (1, N, H)
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        start: int,
+    ) -> torch.Tensor:
+        n = x.shape[1]
+        shape = (1, n, -1, self.head_dim)
+        q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises heads before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H, N, D)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
+        kv[0, :, start : start + n] = k[0]
+        kv[1, :, start : start + n] = v[0]
+        end = start + n
+        out = F.scaled_dot_product_attention(
+            q, kv[0, :, :end][None], kv[1, :, :end][None], attn_mask=mask, scale=attn.scaling, enable_gqa=True
+        )  # (1, H, N, D)
+        return attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+
+    # -- commit ----------------------------------------------------------------------------
+    def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:
+        """Keep, for each stream, the listed nodes of its tree (a root-to-node path, root first);
+        drop every other new token. Streams left out keep nothing (a rollback)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("commit() without a forward")
+        accepted = accepted or {}
+        keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
+        for st, offset in zip(pending.trees, pending.offsets):
+            nodes = list(accepted.get(st.stream, ()))
+            if nodes and nodes != st.tree.path_to(nodes[-1]):
+                raise ValueError(f"accepted nodes {nodes} are not a root-to-node path of the tree")
+            if nodes:
+                slots = torch.tensor(nodes, dtype=torch.int64) + (pending.start + offset)
+                self.cache.hold(st.stream, slots)
+                keep[slots - pending.start] = True
+        self.cache.remove((~keep).nonzero().squeeze(1) + pending.start)
+
+    def commit_all(self) -> None:
+        """Keep every token of the last forward (all trees must be chains: a prefill or AR step)."""
+        pending = self._pending
+        if pending is None:
+            raise RuntimeError("commit_all() without a forward")
+        self.commit({st.stream: range(len(st.tree)) for st in pending.trees})

@@ -1,0 +1,144 @@
+"""Loading a causal LM and its tokenizer, and refusing what the engine cannot run exactly.
+
+The engine runs its own attention over a flat KV cache (``engine/runner.py``) on top of the
+checkpoint's projection, norm, MLP and rotary modules, so it supports the families whose decoder
+layer it knows: Llama (SmolLM2), Mistral, Qwen2, Qwen3. Sliding-window models are run only while
+every sequence fits inside the window, where sliding and full attention agree; linear-attention
+and other recurrent caches cannot be rolled back and are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from spectot.models.registry import find_alias, materialize_alias
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+DType = Literal["bf16", "fp32", "fp16"]
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer that spectot cannot load or cannot run losslessly."""
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    max_context: int  # tokens a stream may hold (the window for sliding-window models)
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
+
+
+def check_architecture(config: Any) -> int:
+    """Raise ModelLoadError for architectures the engine cannot run exactly; return the max context."""
+    family = getattr(config, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise ModelLoadError(
+            f"model type '{family}' is not supported by the spectot engine; supported families: "
+            f"{', '.join(SUPPORTED_FAMILIES)}"
+        )
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types - {"full_attention", "sliding_attention"}:
+        raise ModelLoadError(
+            f"layer types {sorted(layer_types)} include a linear-attention or recurrent cache that cannot be "
+            "rolled back after a rejected draft; spectot refuses it rather than give wrong output"
+        )
+    max_context = int(getattr(config, "max_position_embeddings", 2048))
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in layer_types or (
+        window is not None and getattr(config, "use_sliding_window", family == "mistral")
+    )
+    if sliding and window:
+        logger.warning(
+            "sliding-window attention (window %d): sequences are limited to the window, where it equals "
+            "full attention and rollback is exact",
+            window,
+        )
+        max_context = min(max_context, int(window))
+    return max_context
+
+
+def resolve_checkpoint(name_or_path: str) -> Path | str:
+    alias = find_alias(name_or_path)
+    if alias is not None:
+        return materialize_alias(alias)
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} has no config.json: pass a Hugging Face checkpoint folder")
+        return path
+    return name_or_path  # a hub id
+
+
+def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") -> LoadedModel:
+    """Load a causal LM by alias, local path or hub id, in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_checkpoint(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as err:
+        if isinstance(source, Path):
+            raise
+        raise ModelLoadError(
+            f"could not load '{name_or_path}' from the Hugging Face hub ({type(err).__name__}); this machine may be "
+            "offline: download the checkpoint elsewhere and pass its local folder path, or use an alias from "
+            "`spectot models`"
+        ) from err
+    max_context = check_architecture(config)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(dtype)).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name_or_path,
+        max_context=max_context,
+        eos_token_ids=eos_ids(model, tokenizer),
+    )
+
+
+def eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else value or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must speak the target's tokens: same vocabulary, same ids."""
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differ = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i)
+        raise ModelLoadError(
+            f"draft '{draft.name}' and target '{target.name}' have different tokenizers ({len(d_vocab)} vs "
+            f"{len(t_vocab)} tokens, {differ} target tokens missing or renumbered in the draft): a draft must use "
+            "the target's tokenizer; try `--draft ngram`"
+        )
+    if draft.vocab_size != target.vocab_size:
+        raise ModelLoadError(
+            f"draft LM head has {draft.vocab_size} rows but the target's has {target.vocab_size}: the logits do not "
+            "line up; use a draft trained for this target"
+        )

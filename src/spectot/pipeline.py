@@ -1,0 +1,141 @@
+"""The Python API and the one factory that maps configuration to engine objects.
+
+    >>> from spectot import Pipeline
+    >>> pipe = Pipeline.load("smollm2-135m", dtype="fp32", draft="ngram")
+    >>> out = pipe.generate("What is 7 * 8?", max_new_tokens=32, method="sd")
+    >>> out[0].text, out[0].stats.mean_acceptance_length
+
+Names follow transformers (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spectot.config import DraftOptions, ModelOptions
+from spectot.engine.runner import ModelRunner
+from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
+from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method
+from spectot.spec.proposers.base import Proposer
+from spectot.spec.proposers.draft_model import DraftModelProposer
+from spectot.spec.proposers.ngram import NgramProposer
+from spectot.spec.sampling import SamplingParams
+from spectot.spec.stats import DecodeStats
+
+
+@dataclass
+class Generation:
+    prompt: str
+    text: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: FinishReason
+    stats: DecodeStats
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt": self.prompt,
+            "text": self.text,
+            "prompt_ids": self.prompt_ids,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def make_proposer(options: DraftOptions, target: LoadedModel, dtype: DType) -> Proposer | None:
+    if options.draft == "none":
+        return None
+    if options.draft == "ngram":
+        return NgramProposer(max_ngram=options.ngram_max, min_ngram=options.ngram_min)
+    draft = load_model(options.draft, dtype=dtype, device=str(target.model.device))
+    check_same_vocabulary(target, draft)
+    return DraftModelProposer(ModelRunner(draft.model, max_context=draft.max_context), name=options.draft)
+
+
+class Pipeline:
+    def __init__(self, target: LoadedModel, proposer: Proposer | None = None, chat_template: bool = True) -> None:
+        self.target = target
+        self.runner = ModelRunner(target.model, max_context=target.max_context)
+        self.proposer = proposer
+        self.chat_template = chat_template and target.tokenizer.chat_template is not None
+        tokenizer = target.tokenizer
+        self.decoder = Decoder(
+            self.runner,
+            target.eos_token_ids,
+            proposer,
+            detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        )
+
+    @classmethod
+    def load(
+        cls,
+        target: str = "smollm2-135m",
+        *,
+        dtype: DType = "bf16",
+        draft: str = "none",
+        threads: int = 0,
+        chat_template: bool = True,
+        ngram_max: int = 3,
+        ngram_min: int = 1,
+    ) -> Pipeline:
+        return cls.from_options(
+            ModelOptions(target=target, dtype=dtype, threads=threads, chat_template=chat_template),
+            DraftOptions(draft=draft, ngram_max=ngram_max, ngram_min=ngram_min),
+        )
+
+    @classmethod
+    def from_options(cls, model: ModelOptions, draft: DraftOptions) -> Pipeline:
+        if model.threads:
+            torch.set_num_threads(model.threads)
+        target = load_model(model.target, dtype=model.dtype)
+        return cls(target, make_proposer(draft, target, model.dtype), chat_template=model.chat_template)
+
+    def encode(self, prompt: str) -> list[int]:
+        tokenizer = self.target.tokenizer
+        if self.chat_template:
+            messages = [{"role": "user", "content": prompt}]
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        return list(tokenizer(prompt)["input_ids"])
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        method: Method = "sd",
+        num_draft_tokens: int = 5,
+        stop: Sequence[str] = (),
+        seed: int = 0,
+        batch_size: int = 1,
+    ) -> list[Generation]:
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if method == "sd" and self.proposer is None:
+            raise ValueError("method 'sd' needs a draft: load the pipeline with draft='ngram' or a draft model")
+        config = DecodeConfig(
+            max_new_tokens=max_new_tokens,
+            sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p),
+            method=method,
+            num_draft_tokens=num_draft_tokens,
+            stop=tuple(stop),
+            seed=seed,
+        )
+        results: list[Generation] = []
+        for first in range(0, len(prompts), batch_size):
+            chunk = prompts[first : first + batch_size]
+            outs = self.decoder.generate([self.encode(p) for p in chunk], config)
+            results += [self._finish(p, out, config.stop) for p, out in zip(chunk, outs)]
+        return results
+
+    def _finish(self, prompt: str, out, stop: tuple[str, ...]) -> Generation:
+        text = self.target.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        if out.finish_reason == "stop":
+            text = text[: min(i for i in (text.find(s) for s in stop) if i >= 0)]
+        return Generation(prompt, text, out.prompt_ids, out.token_ids, out.finish_reason, out.stats)

@@ -1,0 +1,78 @@
+"""An independent draft model with the target's tokenizer, run in its own ModelRunner.
+
+The draft keeps one KV stream per decoding stream and remembers which tokens it has run. Before
+drafting it rolls back to the longest common prefix with the stream's real tokens (rejected
+drafts go away) and runs the rest as one chain, then drafts k tokens one forward at a time. All
+streams draft together: each draft forward is one batched forward over every stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.token_tree import TokenTree
+from spectot.spec.proposers.base import Draft, DraftRequest
+from spectot.spec.sampling import SamplingParams, sample, target_probs
+
+
+def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(a.numel(), b.numel())
+    differ = (a[:n] != b[:n]).nonzero()
+    return n if differ.numel() == 0 else int(differ[0])
+
+
+class DraftModelProposer:
+    def __init__(self, runner: ModelRunner, name: str = "model") -> None:
+        self.runner = runner
+        self.name = name
+        self.forwards = 0
+        self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
+        self._fed: dict[int, torch.Tensor] = {}  # decoding key -> tokens whose KV the draft holds
+
+    def propose(
+        self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Draft]:
+        drafted: dict[int, list[int]] = {r.key: [] for r in requests}
+        probs: dict[int, list[torch.Tensor]] = {r.key: [] for r in requests}
+        active = [r for r in requests if r.k > 0]
+        chains = {r.key: TokenTree.chain(self._catch_up(r)) for r in active}
+        while active:  # one batched draft forward per drafted position
+            out = self.runner.forward([StreamTree(self._streams[r.key], chains[r.key]) for r in active], last_only=True)
+            self.runner.commit_all()
+            self.forwards += 1
+            still_drafting = []
+            for r, logits in zip(active, out.logits):
+                self._fed[r.key] = torch.cat([self._fed[r.key], chains[r.key].tokens])
+                q = target_probs(logits[0], params)  # (V,)
+                token = int(q.argmax() if params.greedy else sample(q, generator))
+                drafted[r.key].append(token)
+                probs[r.key].append(q)
+                if len(drafted[r.key]) < r.k:
+                    chains[r.key] = TokenTree.chain([token])
+                    still_drafting.append(r)
+            active = still_drafting
+        return [
+            Draft(torch.tensor(drafted[r.key], dtype=torch.int64), None)
+            if params.greedy or not drafted[r.key]
+            else Draft(torch.tensor(drafted[r.key], dtype=torch.int64), torch.stack(probs[r.key]))
+            for r in requests
+        ]
+
+    def _catch_up(self, r: DraftRequest) -> torch.Tensor:
+        """Roll the draft's stream back to its common prefix with the real tokens; return the
+        tokens it still has to run (at least the last one, whose logits predict the next)."""
+        if r.key not in self._streams:
+            self._streams[r.key] = self.runner.new_stream()
+            self._fed[r.key] = r.tokens[:0]
+        keep = min(common_prefix_len(self._fed[r.key], r.tokens), r.tokens.numel() - 1)
+        self.runner.truncate(self._streams[r.key], keep)
+        self._fed[r.key] = self._fed[r.key][:keep]
+        return r.tokens[keep:]
+
+    def release(self, key: int) -> None:
+        if key in self._streams:
+            self.runner.release(self._streams.pop(key))
+            del self._fed[key]

@@ -1,0 +1,67 @@
+"""Logits processing and sampling, shared by the target, the drafts and the AR baseline.
+
+Speculative decoding is lossless only if the target distribution p it verifies against is the
+distribution the AR baseline samples from, so every path turns logits into probabilities here.
+Greedy decoding (``do_sample=False`` or temperature 0) is represented by one-hot distributions on
+the argmax, which makes greedy verification a special case of the sampling rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """transformers-style sampling controls; validated eagerly."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    @classmethod
+    def from_temperature(cls, temperature: float, top_k: int = 0, top_p: float = 1.0) -> SamplingParams:
+        """CLI convention: temperature 0 means greedy."""
+        return cls(do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k, top_p=top_p)
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p.
+    Greedy -> one-hot on the argmax (the lowest index among ties, as torch.argmax)."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p (the first always stays)
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of (..., V) probabilities -> (...) int64. Host-side, no device sync games:
+    exponential race (argmax p / E, E ~ Exp(1)) draws exactly from p."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(-1)

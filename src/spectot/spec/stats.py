@@ -1,0 +1,70 @@
+"""Decoding statistics, with every metric defined once.
+
+- ``mean_acceptance_length``: tokens emitted per target verification step of a stream, **including**
+  the recovered/bonus token (plain AR: 1.0). A step whose proposer found nothing counts as 1.
+- ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
+- ``acceptance_by_position[i]``: P(draft token i+1 accepted | it was proposed and tokens 1..i were).
+- Wall time is split into ``draft`` (proposer), ``verify`` (target forwards + verification) and
+  ``other`` (prefill, bookkeeping). In a batched call, forwards and times belong to the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DecodeStats:
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    verify_steps: int = 0  # per-stream verification steps (a batched forward counts once per stream)
+    proposed: int = 0
+    accepted: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_total: float = 0.0
+
+    def record_step(self, proposed: int, accepted: int) -> None:
+        self.verify_steps += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        grow = proposed - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
+        for i in range(proposed):
+            self.proposed_by_position[i] += 1
+            self.accepted_by_position[i] += int(i < accepted)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def time_other(self) -> float:
+        return max(self.time_total - self.time_draft - self.time_verify, 0.0)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(
+            mean_acceptance_length=self.mean_acceptance_length,
+            acceptance_rate=self.acceptance_rate,
+            acceptance_by_position=[
+                a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)
+            ],
+            time_other=self.time_other,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
