@@ -23,11 +23,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from spectot.engine.kv_cache import FlatKVCache
 from spectot.engine.token_tree import TokenTree
 from spectot.models.loader import check_architecture
+
+
+def batch_invariant_attention(
+    q: torch.Tensor,  # (H, N, D)
+    k: torch.Tensor,  # (H_kv, S, D)
+    v: torch.Tensor,  # (H_kv, S, D)
+    mask: torch.Tensor,  # (N, S) float64 additive
+    scale: float,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v in float64 -> (H, N, D) float64.
+
+    Why float64: a fused kernel's result for one query row depends on the other rows and on how many
+    masked columns follow (its blocking changes), by ~1e-7 in fp32 and ~1e-4 in bf16 -- enough to
+    flip a greedy near-tie between a tree forward and the AR step it must reproduce. In float64 the
+    layout dependence is ~1e-16, far below one rounding step of the model dtype, so every row equals
+    what the same token would get alone.
+    """
+    h_kv, s, d = k.shape
+    group, n = q.shape[0] // h_kv, q.shape[1]
+    q = q.double().reshape(h_kv, group * n, d)  # query head h uses key/value head h // group
+    scores = torch.matmul(q, k.double().transpose(1, 2)).mul_(scale).view(h_kv, group, n, s).add_(mask)
+    probs = scores.softmax(-1).view(h_kv, group * n, s)
+    return torch.matmul(probs, v.double()).view(h_kv * group, n, d)
 
 
 class ContextOverflowError(ValueError):
@@ -143,20 +165,20 @@ class ModelRunner:
         return ForwardOutput(per_stream, hidden_out)
 
     def _tree_mask(self, trees: Sequence[StreamTree], offsets: list[int], start: int, total: int) -> torch.Tensor:
-        """Additive mask (1, 1, N, start + N): 0 where a new token may attend, -inf elsewhere."""
+        """Additive float64 mask (N, start + N): 0 where a new token may attend, -inf elsewhere."""
         allowed = torch.zeros(total, start + total, dtype=torch.bool)
         for st, o in zip(trees, offsets):
             n = len(st.tree)
             allowed[o : o + n].index_fill_(1, self.cache.slots(st.stream), True)
             allowed[o : o + n, start + o : start + o + n] = st.tree.ancestors
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
-        return mask.to(self.device)[None, None]
+        mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill_(~allowed, float("-inf"))
+        return mask.to(self.device)
 
     def _run(
         self,
         tokens: torch.Tensor,  # (N,)
         positions: torch.Tensor,  # (N,)
-        mask: torch.Tensor,  # (1, 1, N, S)
+        mask: torch.Tensor,  # (N, S) float64
         start: int,
         rows: torch.Tensor | None,
         hidden_index: int | None,
@@ -192,11 +214,8 @@ class ModelRunner:
         kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
         kv[0, :, start : start + n] = k[0]
         kv[1, :, start : start + n] = v[0]
-        end = start + n
-        out = F.scaled_dot_product_attention(
-            q, kv[0, :, :end][None], kv[1, :, :end][None], attn_mask=mask, scale=attn.scaling, enable_gqa=True
-        )  # (1, H, N, D)
-        return attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+        out = batch_invariant_attention(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, attn.scaling)
+        return attn.o_proj(out.to(x.dtype).transpose(0, 1).reshape(1, n, -1))
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:

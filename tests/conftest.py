@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny randomly initialised causal LMs of each supported family, built from config.
+
+Every model is fp32, in eval mode, and built under a fixed seed, so a (family, seed, overrides)
+triple always names the same weights; models are cached for the session (nothing mutates them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+# family -> (config class, model class, family-specific defaults)
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    # Mistral defaults to a 4096-token sliding window; None makes it plain full attention.
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    # Qwen3 normalises q and k per head; its head_dim defaults to 128, not hidden / heads.
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 8}),
+}
+
+
+def build_tiny_model(family: str = "llama", seed: int = 0, **overrides) -> PreTrainedModel:
+    """A tiny fp32 model of ``family`` whose weights depend only on ``seed`` and the config."""
+    config_cls, model_cls, defaults = FAMILIES[family]
+    config = config_cls(**{**TINY, **defaults, **overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    return model.float().eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., PreTrainedModel]:
+    """Factory ``tiny_model(family, seed=0, **config_overrides)``, cached per argument set."""
+    return functools.cache(build_tiny_model)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model) -> Callable[..., PreTrainedModel]:
+    """Factory ``tiny_llama(seed=0, **config_overrides)``."""
+    return functools.partial(tiny_model, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_model) -> Callable[..., PreTrainedModel]:
+    return functools.partial(tiny_model, "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(tiny_model) -> Callable[..., PreTrainedModel]:
+    return functools.partial(tiny_model, "mistral")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Tiny models run fastest on one thread (intra-op threads only add overhead at this size)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,73 @@
+"""Strict JSONL reading: every malformed or incomplete line is named by its line number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spectot.data.jsonl import DataError, iter_jsonl, read_field
+
+
+def write(tmp_path: Path, *lines: str, name: str = "data.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_reads_the_field_of_every_line(tmp_path) -> None:
+    path = write(tmp_path, '{"question": "a?", "answer": "1"}', '{"question": "b?"}', '{"question": "c\\u00e9?"}')
+    assert read_field(path, "question") == ["a?", "b?", "cé?"]
+    assert read_field(str(path), "answer", limit=1) == ["1"]
+
+
+def test_blank_lines_are_skipped_but_counted(tmp_path) -> None:
+    path = write(tmp_path, '{"q": "a"}', "", "   ", '{"q": "b"}', "{oops")
+    with pytest.raises(DataError, match=r"data\.jsonl:5: not valid JSON"):
+        read_field(path, "q")
+    assert read_field(path, "q", limit=2) == ["a", "b"]
+    clean = write(tmp_path, '{"q": "a"}', "", '{"q": "b"}', name="clean.jsonl")
+    assert list(iter_jsonl(clean)) == [(1, {"q": "a"}), (3, {"q": "b"})]
+
+
+def test_malformed_line_is_named(tmp_path) -> None:
+    path = write(tmp_path, '{"q": "a"}', '{"q": "b"}', '{"q": "c"')
+    with pytest.raises(DataError) as err:
+        read_field(path, "q")
+    assert f"{path}:3:" in str(err.value)
+    assert "not valid JSON" in str(err.value)
+
+
+def test_line_that_is_not_an_object_is_named(tmp_path) -> None:
+    path = write(tmp_path, '{"q": "a"}', '["q", "b"]')
+    with pytest.raises(DataError, match=r":2: expected a JSON object, got list"):
+        read_field(path, "q")
+
+
+def test_missing_field_names_the_line_and_the_fields_present(tmp_path) -> None:
+    path = write(tmp_path, '{"q": "a"}', '{"question": "b", "id": 2}')
+    with pytest.raises(DataError) as err:
+        read_field(path, "q")
+    message = str(err.value)
+    assert f"{path}:2:" in message
+    assert "'q'" in message
+    assert "question, id" in message
+
+
+def test_non_string_field_is_refused(tmp_path) -> None:
+    path = write(tmp_path, '{"q": 7}')
+    with pytest.raises(DataError, match=r":1: no string field 'q'"):
+        read_field(path, "q")
+
+
+def test_limit_stops_before_later_bad_lines(tmp_path) -> None:
+    path = write(tmp_path, '{"q": "a"}', '{"q": "b"}', '{"q": "c"}', "not json")
+    assert read_field(path, "q", limit=2) == ["a", "b"]
+    assert read_field(path, "q", limit=3) == ["a", "b", "c"]
+    with pytest.raises(DataError, match=":4:"):
+        read_field(path, "q", limit=0)  # 0 = every line
+
+
+def test_missing_file(tmp_path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        read_field(tmp_path / "absent.jsonl", "q")

@@ -1,0 +1,186 @@
+"""FlatKVCache: shared slots with reference counts, freeing, dense removal and capacity growth.
+
+Each slot's keys and values are filled with a marker (the slot's original index + 1, values
+negated) so a test can tell where every slot's contents went.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectot.engine.kv_cache import FlatKVCache
+
+LAYERS, HEADS, DIM = 2, 2, 3
+
+
+def make_cache(capacity: int = 16) -> FlatKVCache:
+    return FlatKVCache(LAYERS, HEADS, DIM, torch.float32, torch.device("cpu"), capacity=capacity)
+
+
+def write(cache: FlatKVCache, n: int, first_marker: int) -> torch.Tensor:
+    """Reserve n tail slots and fill them with markers first_marker, first_marker + 1, ...; return them."""
+    start = cache.reserve(n)
+    slots = torch.arange(start, start + n)
+    for i, slot in enumerate(slots.tolist()):
+        cache.buffer[:, 0, :, slot] = first_marker + i
+        cache.buffer[:, 1, :, slot] = -(first_marker + i)
+    return slots
+
+
+def markers(cache: FlatKVCache, slots: torch.Tensor) -> list[int]:
+    """The marker held by each slot, after checking keys and values agree in every layer and head."""
+    keys = cache.buffer[:, 0][:, :, slots]  # (L, H, n, D)
+    values = cache.buffer[:, 1][:, :, slots]
+    assert torch.equal(keys, -values)
+    assert torch.equal(keys, keys[:1, :1, :, :1].expand_as(keys))
+    return keys[0, 0, :, 0].long().tolist()
+
+
+def test_new_slots_are_reserved_at_the_tail() -> None:
+    cache = make_cache()
+    assert cache.reserve(3) == 0
+    assert cache.reserve(2) == 3
+    assert cache.used == 5
+
+
+def test_hold_appends_and_counts() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    slots = write(cache, 3, first_marker=1)
+    cache.hold(a, slots)
+    assert cache.slots(a).tolist() == [0, 1, 2]
+    assert cache.length(a) == 3
+    assert cache.refcount[:3].tolist() == [1, 1, 1]
+    assert markers(cache, cache.slots(a)) == [1, 2, 3]
+
+
+def test_fork_shares_slots_and_counts_references() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 3, first_marker=1))
+    b = cache.new_stream(fork_of=a)
+    assert b != a
+    assert cache.slots(b).tolist() == [0, 1, 2]
+    assert cache.used == 3  # nothing copied
+    assert cache.refcount[:3].tolist() == [2, 2, 2]
+    # The fork's path is its own: growing b does not grow a.
+    cache.hold(b, write(cache, 1, first_marker=4))
+    assert cache.slots(a).tolist() == [0, 1, 2]
+    assert cache.slots(b).tolist() == [0, 1, 2, 3]
+
+
+def test_truncate_frees_only_unshared_slots() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 3, first_marker=1))
+    b = cache.new_stream(fork_of=a)
+    cache.hold(b, write(cache, 2, first_marker=4))  # b = [0, 1, 2, 3, 4]
+    cache.hold(a, write(cache, 1, first_marker=6))  # a = [0, 1, 2, 5]
+
+    cache.truncate(b, 2)  # drops shared slot 2 and b's own slots 3, 4
+    assert cache.slots(b).tolist() == [0, 1]
+    assert cache.used == 4  # slot 2 is still a's; 3 and 4 were freed, so a's slot 5 moved to 3
+    assert cache.slots(a).tolist() == [0, 1, 2, 3]
+    assert markers(cache, cache.slots(a)) == [1, 2, 3, 6]
+    assert cache.refcount[:4].tolist() == [2, 2, 1, 1]
+
+    cache.truncate(b, 5)  # longer than the stream: nothing happens
+    assert cache.slots(b).tolist() == [0, 1]
+    assert cache.used == 4
+
+
+def test_release_frees_only_unshared_slots() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 3, first_marker=1))
+    b = cache.new_stream(fork_of=a)
+    cache.hold(b, write(cache, 2, first_marker=4))  # b = [0, 1, 2, 3, 4]
+
+    cache.release(a)
+    assert cache.used == 5  # every slot of a is shared with b
+    assert cache.refcount[:5].tolist() == [1, 1, 1, 1, 1]
+    assert markers(cache, cache.slots(b)) == [1, 2, 3, 4, 5]
+
+    cache.release(b)
+    assert cache.used == 0
+    assert cache.streams == {}
+    assert int(cache.refcount.sum()) == 0
+
+
+def test_remove_docstring_example() -> None:
+    # A holds the prompt in slots [0, 1, 2]; B = fork(A); a forward appends a 2-node tree to A
+    # (slots 3, 4) and a 1-node tree to B (slot 5). A accepts only its root, B its root: slot 4 is
+    # removed, slot 5 shifts to 4, and A = [0, 1, 2, 3], B = [0, 1, 2, 4].
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 3, first_marker=1))
+    b = cache.new_stream(fork_of=a)
+    new = write(cache, 3, first_marker=4)  # slots 3, 4, 5 hold markers 4, 5, 6
+    cache.hold(a, new[:1])
+    cache.hold(b, new[2:])
+    cache.remove(new[1:2])
+
+    assert cache.slots(a).tolist() == [0, 1, 2, 3]
+    assert cache.slots(b).tolist() == [0, 1, 2, 4]
+    assert cache.used == 5
+    assert markers(cache, cache.slots(a)) == [1, 2, 3, 4]
+    assert markers(cache, cache.slots(b)) == [1, 2, 3, 6]
+    assert cache.refcount[:6].tolist() == [2, 2, 2, 1, 1, 0]
+
+
+def test_remove_scattered_slots_keeps_the_buffer_dense() -> None:
+    cache = make_cache()
+    streams = [cache.new_stream() for _ in range(3)]
+    new = write(cache, 9, first_marker=1)  # markers 1..9 in slots 0..8
+    # stream 0 keeps slots 0, 3, 6; stream 1 keeps 2, 5; stream 2 keeps 8; 1, 4, 7 are dropped
+    cache.hold(streams[0], new[[0, 3, 6]])
+    cache.hold(streams[1], new[[2, 5]])
+    cache.hold(streams[2], new[[8]])
+    cache.remove(new[[1, 4, 7]])
+
+    assert cache.used == 6
+    assert sorted(torch.cat([cache.slots(s) for s in streams]).tolist()) == list(range(6))
+    assert markers(cache, cache.slots(streams[0])) == [1, 4, 7]
+    assert markers(cache, cache.slots(streams[1])) == [3, 6]
+    assert markers(cache, cache.slots(streams[2])) == [9]
+    assert cache.refcount[:6].tolist() == [1] * 6
+    assert int(cache.refcount[6:].sum()) == 0
+
+
+def test_remove_nothing_is_a_no_op() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 2, first_marker=1))
+    cache.remove(torch.empty(0, dtype=torch.int64))
+    assert cache.used == 2
+    assert markers(cache, cache.slots(a)) == [1, 2]
+
+
+def test_capacity_growth_preserves_contents() -> None:
+    cache = make_cache(capacity=4)
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 3, first_marker=1))
+    b = cache.new_stream(fork_of=a)
+
+    new = write(cache, 6, first_marker=4)  # needs 9 slots in a 4-slot cache
+    assert cache.capacity >= 9
+    assert cache.buffer.shape == (LAYERS, 2, HEADS, cache.capacity, DIM)
+    assert cache.refcount.shape == (cache.capacity,)
+    assert cache.used == 9
+    assert markers(cache, cache.slots(a)) == [1, 2, 3]
+    assert cache.refcount[:3].tolist() == [2, 2, 2]
+
+    cache.hold(b, new)
+    assert markers(cache, cache.slots(b)) == list(range(1, 10))
+
+
+def test_long_stream_paths_grow() -> None:
+    cache = make_cache(capacity=8)
+    a = cache.new_stream()
+    for i in range(100):  # longer than a stream's initial slot list (64)
+        cache.hold(a, write(cache, 1, first_marker=i + 1))
+    assert cache.length(a) == 100
+    assert cache.slots(a).tolist() == list(range(100))
+    assert markers(cache, cache.slots(a)) == list(range(1, 101))
+    b = cache.new_stream(fork_of=a)
+    assert cache.slots(b).tolist() == list(range(100))

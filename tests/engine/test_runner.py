@@ -1,0 +1,367 @@
+"""ModelRunner: tree forwards over the flat KV cache equal plain transformers forwards.
+
+Reference: the checkpoint's own HF forward over each node's root-to-node path,
+``model(input_ids).logits[0, -1]``, and HF's ``past_key_values`` after prefilling a stream's
+accepted tokens.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from spectot.engine.runner import ContextOverflowError, ModelRunner, StreamTree
+from spectot.engine.token_tree import TokenTree
+from spectot.models.loader import ModelLoadError
+
+FAMILY_SEEDS = {"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3}
+VOCAB = 64
+LOGIT_TOL = 1e-4
+KV_TOL = 1e-5
+
+
+@pytest.fixture(params=list(FAMILY_SEEDS))
+def model(request, tiny_model):
+    return tiny_model(request.param, FAMILY_SEEDS[request.param])
+
+
+def random_tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def random_tree(n: int, seed: int) -> TokenTree:
+    """n nodes, each hung under a random earlier node."""
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    return TokenTree(torch.randint(0, VOCAB, (n,), generator=g), torch.tensor(parents))
+
+
+# 7 nodes, depth 3:      0
+#                      /   \
+#                     1     2
+#                    / \     \
+#                   3   4     5
+#                   |
+#                   6
+FIXED_TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3]
+
+
+def fixed_tree(seed: int) -> TokenTree:
+    return TokenTree(torch.tensor(random_tokens(7, seed)), torch.tensor(FIXED_TREE_PARENTS))
+
+
+@torch.no_grad()
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    """(V,) logits of the next token after ids."""
+    return model(torch.tensor([ids])).logits[0, -1]
+
+
+@torch.no_grad()
+def hf_kv(model, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values), each (H_kv, T, D), after prefilling ids."""
+    cache = model(torch.tensor([ids]), use_cache=True).past_key_values
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+
+def path_ids(tree: TokenTree, node: int) -> list[int]:
+    return tree.tokens[tree.path_to(node)].tolist()
+
+
+def prefill(runner: ModelRunner, ids: list[int], fork_of: int | None = None) -> int:
+    sid = runner.new_stream(fork_of)
+    runner.forward([StreamTree(sid, TokenTree.chain(ids))])
+    runner.commit_all()
+    return sid
+
+
+def assert_tree_logits_match(model, prefix: list[int], tree: TokenTree, logits: torch.Tensor) -> None:
+    assert logits.shape == (len(tree), VOCAB)
+    assert logits.dtype == torch.float32
+    for node in range(len(tree)):
+        expected = hf_logits(model, prefix + path_ids(tree, node))
+        diff = (logits[node] - expected).abs().max().item()
+        assert diff < LOGIT_TOL, f"node {node}: max abs diff {diff}"
+
+
+def assert_stream_kv_matches(runner: ModelRunner, model, sid: int, ids: list[int]) -> None:
+    slots = runner.cache.slots(sid)
+    assert slots.numel() == len(ids)
+    for layer, (keys, values) in enumerate(hf_kv(model, ids)):
+        ours_k = runner.cache.buffer[layer, 0][:, slots]
+        ours_v = runner.cache.buffer[layer, 1][:, slots]
+        assert ours_k.shape == keys.shape
+        assert (ours_k - keys).abs().max().item() < KV_TOL, f"layer {layer} keys"
+        assert (ours_v - values).abs().max().item() < KV_TOL, f"layer {layer} values"
+
+
+# -- logits --------------------------------------------------------------------------------
+
+
+def test_prefill_logits_match_hf_at_every_position(model) -> None:
+    ids = random_tokens(9, seed=10)
+    runner = ModelRunner(model)
+    sid = runner.new_stream()
+    out = runner.forward([StreamTree(sid, TokenTree.chain(ids))])
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0]
+    assert out.hidden is None
+    assert len(out.logits) == 1
+    assert (out.logits[0] - expected).abs().max().item() < LOGIT_TOL
+
+
+@pytest.mark.parametrize("tree_seed", [0, 1])
+def test_tree_logits_match_hf_on_each_root_to_node_path(model, tree_seed: int) -> None:
+    prefix = random_tokens(6, seed=20 + tree_seed)
+    tree = fixed_tree(seed=30 + tree_seed)
+    assert int(tree.depths.max()) == 3
+    runner = ModelRunner(model)
+    sid = prefill(runner, prefix)
+    out = runner.forward([StreamTree(sid, tree)])
+    assert_tree_logits_match(model, prefix, tree, out.logits[0])
+
+
+@pytest.mark.parametrize("tree_seed", [2, 3, 4])
+def test_random_topology_tree_logits_match_hf(tiny_llama, tree_seed: int) -> None:
+    model = tiny_llama(0)
+    prefix = random_tokens(4, seed=40 + tree_seed)
+    tree = random_tree(7, seed=tree_seed)
+    runner = ModelRunner(model)
+    sid = prefill(runner, prefix)
+    out = runner.forward([StreamTree(sid, tree)])
+    assert_tree_logits_match(model, prefix, tree, out.logits[0])
+
+
+def build_three_streams(runner: ModelRunner) -> dict[str, tuple[int, list[int]]]:
+    """A: 5 tokens; B: 8 other tokens; C: a fork of A with 2 more tokens (shares A's 5 slots)."""
+    a_ids, b_ids, c_extra = random_tokens(5, seed=50), random_tokens(8, seed=51), random_tokens(2, seed=52)
+    a = prefill(runner, a_ids)
+    b = prefill(runner, b_ids)
+    c = runner.new_stream(fork_of=a)
+    runner.forward([StreamTree(c, TokenTree.chain(c_extra))])
+    runner.commit_all()
+    return {"A": (a, a_ids), "B": (b, b_ids), "C": (c, a_ids + c_extra)}
+
+
+def test_several_streams_in_one_forward_match_each_alone(model) -> None:
+    runner = ModelRunner(model)
+    streams = build_three_streams(runner)
+    assert runner.cache.used == 5 + 8 + 2  # C's prefix is A's slots, not a copy
+    trees = {"A": fixed_tree(seed=60), "B": TokenTree.chain(random_tokens(3, seed=61)), "C": random_tree(5, seed=62)}
+    out = runner.forward([StreamTree(streams[name][0], trees[name]) for name in ("A", "B", "C")])
+    for name, logits in zip(("A", "B", "C"), out.logits):
+        assert_tree_logits_match(model, streams[name][1], trees[name], logits)
+
+
+def test_last_only_returns_each_trees_last_node(tiny_llama) -> None:
+    model = tiny_llama(0)
+    runner = ModelRunner(model)
+    streams = build_three_streams(runner)
+    chains = {name: random_tokens(n, seed=70 + n) for name, n in (("A", 1), ("B", 3), ("C", 2))}
+    out = runner.forward(
+        [StreamTree(streams[name][0], TokenTree.chain(chains[name])) for name in ("A", "B", "C")], last_only=True
+    )
+    for name, logits in zip(("A", "B", "C"), out.logits):
+        assert logits.shape == (1, VOCAB)
+        expected = hf_logits(model, streams[name][1] + chains[name])
+        assert (logits[0] - expected).abs().max().item() < LOGIT_TOL
+
+
+# -- commit ----------------------------------------------------------------------------------
+
+
+def test_commit_leaves_the_cache_hf_would_prefill(model) -> None:
+    runner = ModelRunner(model)
+    streams = build_three_streams(runner)
+    before = {name: runner.stream_len(sid) for name, (sid, _) in streams.items()}
+    trees = {"A": fixed_tree(seed=80), "B": TokenTree.chain(random_tokens(3, seed=81)), "C": random_tree(5, seed=82)}
+    runner.forward([StreamTree(streams[name][0], trees[name]) for name in ("A", "B", "C")])
+    accepted_nodes = {"A": trees["A"].path_to(6), "B": [0]}  # C keeps nothing: a rollback
+    runner.commit({streams[name][0]: nodes for name, nodes in accepted_nodes.items()})
+
+    expected_ids = {
+        "A": streams["A"][1] + path_ids(trees["A"], 6),
+        "B": streams["B"][1] + path_ids(trees["B"], 0),
+        "C": streams["C"][1],
+    }
+    for name, (sid, _) in streams.items():
+        assert runner.stream_len(sid) == len(expected_ids[name])
+        assert_stream_kv_matches(runner, model, sid, expected_ids[name])
+    assert runner.stream_len(streams["C"][0]) == before["C"]
+    # every rejected node is gone: the buffer holds exactly the slots some stream holds
+    held = torch.cat([runner.cache.slots(sid) for sid, _ in streams.values()]).unique()
+    assert held.tolist() == list(range(runner.cache.used))
+
+    # and the next forward continues from the committed state
+    nxt = {name: random_tokens(2, seed=90 + i) for i, name in enumerate(("A", "B", "C"))}
+    out = runner.forward([StreamTree(streams[name][0], TokenTree.chain(nxt[name])) for name in ("A", "B", "C")])
+    for name, logits in zip(("A", "B", "C"), out.logits):
+        assert_tree_logits_match(model, expected_ids[name], TokenTree.chain(nxt[name]), logits)
+
+
+def test_commit_all_keeps_every_chain_token(tiny_llama) -> None:
+    model = tiny_llama(0)
+    runner = ModelRunner(model)
+    ids = random_tokens(7, seed=100)
+    sid = prefill(runner, ids[:4])
+    runner.forward([StreamTree(sid, TokenTree.chain(ids[4:]))])
+    runner.commit_all()
+    assert_stream_kv_matches(runner, model, sid, ids)
+
+
+def test_truncate_rolls_back_and_release_frees(tiny_llama) -> None:
+    model = tiny_llama(0)
+    runner = ModelRunner(model)
+    ids = random_tokens(8, seed=110)
+    other = random_tokens(3, seed=111)
+    sid = prefill(runner, ids)
+    runner.truncate(sid, 5)
+    assert runner.stream_len(sid) == 5
+    assert runner.cache.used == 5
+    out = runner.forward([StreamTree(sid, TokenTree.chain(other))])
+    assert_tree_logits_match(model, ids[:5], TokenTree.chain(other), out.logits[0])
+    runner.commit_all()
+    assert_stream_kv_matches(runner, model, sid, ids[:5] + other)
+    runner.release(sid)
+    assert runner.cache.used == 0
+
+
+# -- hidden states -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden_layer", [0, 1, -2])
+def test_hidden_layer_matches_hf_hidden_states(model, hidden_layer: int) -> None:
+    prefix = random_tokens(4, seed=120)
+    tree = fixed_tree(seed=121)
+    runner = ModelRunner(model)
+    sid = prefill(runner, prefix)
+    out = runner.forward([StreamTree(sid, tree)], hidden_layer=hidden_layer)
+    assert out.hidden is not None
+    hidden = out.hidden[0]
+    assert hidden.shape == (len(tree), model.config.hidden_size)
+    for node in range(len(tree)):
+        with torch.no_grad():
+            states = model(torch.tensor([prefix + path_ids(tree, node)]), output_hidden_states=True).hidden_states
+        assert (hidden[node] - states[hidden_layer][0, -1]).abs().max().item() < LOGIT_TOL
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="src bug: transformers' hidden_states[-1] is after the final norm; the runner returns the "
+    "last decoder layer's output before it",
+)
+@pytest.mark.parametrize("hidden_layer", [-1, 2])
+def test_last_hidden_layer_matches_hf_hidden_states(tiny_llama, hidden_layer: int) -> None:
+    model = tiny_llama(0)
+    ids = random_tokens(5, seed=130)
+    runner = ModelRunner(model)
+    sid = runner.new_stream()
+    out = runner.forward([StreamTree(sid, TokenTree.chain(ids))], hidden_layer=hidden_layer)
+    with torch.no_grad():
+        states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    assert len(states) == 3
+    assert (out.hidden[0] - states[hidden_layer][0]).abs().max().item() < LOGIT_TOL
+
+
+# -- limits and misuse -------------------------------------------------------------------------
+
+
+def test_context_overflow(tiny_llama) -> None:
+    runner = ModelRunner(tiny_llama(0), max_context=8)
+    assert runner.max_context == 8
+    sid = prefill(runner, random_tokens(6, seed=140))
+    deep = TokenTree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 1, 0]))  # depth 3: 6 + 3 > 8
+    with pytest.raises(ContextOverflowError, match="context is 8"):
+        runner.forward([StreamTree(sid, deep)])
+    # the refused forward left nothing pending, and a tree that fits still runs
+    wide = TokenTree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 0, 0]))  # depth 2: 6 + 2 == 8
+    out = runner.forward([StreamTree(sid, wide)])
+    assert out.logits[0].shape == (4, VOCAB)
+    runner.commit({sid: [0, 3]})
+    assert runner.stream_len(sid) == 8
+
+
+def test_max_context_is_capped_by_the_model(tiny_llama, tiny_mistral) -> None:
+    assert ModelRunner(tiny_llama(0)).max_context == tiny_llama(0).config.max_position_embeddings
+    assert ModelRunner(tiny_llama(0), max_context=10**9).max_context == tiny_llama(0).config.max_position_embeddings
+    windowed = tiny_mistral(2, sliding_window=16)
+    assert ModelRunner(windowed).max_context == 16
+    assert ModelRunner(windowed, max_context=100).max_context == 16
+
+
+def test_forward_twice_without_commit_raises(tiny_llama) -> None:
+    runner = ModelRunner(tiny_llama(0))
+    sid = runner.new_stream()
+    runner.forward([StreamTree(sid, TokenTree.chain([1, 2]))])
+    with pytest.raises(RuntimeError, match="commit"):
+        runner.forward([StreamTree(sid, TokenTree.chain([3]))])
+
+
+def test_commit_without_forward_raises(tiny_llama) -> None:
+    runner = ModelRunner(tiny_llama(0))
+    with pytest.raises(RuntimeError):
+        runner.commit({})
+    with pytest.raises(RuntimeError):
+        runner.commit_all()
+
+
+def test_commit_of_a_non_path_raises(tiny_llama) -> None:
+    runner = ModelRunner(tiny_llama(0))
+    sid = prefill(runner, [1, 2, 3])
+    runner.forward([StreamTree(sid, fixed_tree(seed=150))])
+    with pytest.raises(ValueError, match="root-to-node path"):
+        runner.commit({sid: [0, 2, 3]})  # 3 hangs under 1, not 2
+
+
+def test_commit_of_a_path_not_starting_at_the_root_raises(tiny_llama) -> None:
+    runner = ModelRunner(tiny_llama(0))
+    sid = prefill(runner, [1, 2, 3])
+    runner.forward([StreamTree(sid, fixed_tree(seed=151))])
+    with pytest.raises(ValueError, match="root-to-node path"):
+        runner.commit({sid: [1, 3]})
+
+
+def test_forward_needs_a_tree(tiny_llama) -> None:
+    with pytest.raises(ValueError):
+        ModelRunner(tiny_llama(0)).forward([])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="src bug: FlatKVCache.reserve grows buffer/refcount inside forward()'s torch.inference_mode, "
+    "so commit()'s in-place refcount update outside it raises 'Inplace update to inference tensor'",
+)
+def test_forward_past_the_cache_capacity_grows_it(tiny_llama) -> None:
+    model = tiny_llama(0)
+    runner = ModelRunner(model, capacity=4)
+    ids = random_tokens(7, seed=160)
+    sid = runner.new_stream()
+    out = runner.forward([StreamTree(sid, TokenTree.chain(ids))])
+    runner.commit_all()
+    assert runner.cache.capacity >= 7
+    assert_tree_logits_match(model, [], TokenTree.chain(ids), out.logits[0])
+    assert_stream_kv_matches(runner, model, sid, ids)
+
+
+# -- architectures -----------------------------------------------------------------------------
+
+
+def test_unsupported_family_is_refused() -> None:
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt2 = GPT2LMHeadModel(config).eval()
+    with pytest.raises(ModelLoadError, match="'gpt2' is not supported"):
+        ModelRunner(gpt2)
+
+
+def test_linear_attention_layers_are_refused(tiny_model) -> None:
+    model = tiny_model("qwen2", 1)
+    config = types.SimpleNamespace(**model.config.to_dict())
+    config.layer_types = ["full_attention", "linear_attention"]
+    hybrid = types.SimpleNamespace(config=config, model=model.model, get_output_embeddings=model.get_output_embeddings)
+    with pytest.raises(ModelLoadError, match="linear-attention"):
+        ModelRunner(hybrid)

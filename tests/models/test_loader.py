@@ -1,0 +1,151 @@
+"""Model loading: local checkpoints, offline hub ids, architecture checks and draft/target vocabulary checks."""
+
+from __future__ import annotations
+
+import types
+
+import huggingface_hub.constants
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import GPT2Config, PreTrainedTokenizerFast, Qwen2Config
+
+from spectot.models.loader import (
+    LoadedModel,
+    ModelLoadError,
+    check_architecture,
+    check_same_vocabulary,
+    eos_ids,
+    load_model,
+)
+
+WORDS = ["<unk>", "<s>", "</s>", "<eot>"] + [f"w{i}" for i in range(60)]  # 64 tokens, as the tiny models
+
+
+def word_tokenizer(words: list[str] = WORDS) -> PreTrainedTokenizerFast:
+    """An in-memory word-level tokenizer: token i is words[i]."""
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
+
+
+def loaded(model, tokenizer, name: str) -> LoadedModel:
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, max_context=2048, eos_token_ids=(3,))
+
+
+# -- check_same_vocabulary -----------------------------------------------------------------------
+
+
+def test_same_vocabulary_and_head_is_accepted(tiny_llama) -> None:
+    check_same_vocabulary(loaded(tiny_llama(0), word_tokenizer(), "t"), loaded(tiny_llama(1), word_tokenizer(), "d"))
+
+
+def test_draft_with_renumbered_tokens_is_refused(tiny_llama) -> None:
+    swapped = WORDS[:4] + [WORDS[5], WORDS[4]] + WORDS[6:]  # same tokens, two ids swapped
+    target = loaded(tiny_llama(0), word_tokenizer(), "target-model")
+    draft = loaded(tiny_llama(1), word_tokenizer(swapped), "draft-model")
+    with pytest.raises(ModelLoadError, match="different tokenizers") as err:
+        check_same_vocabulary(target, draft)
+    message = str(err.value)
+    assert "draft-model" in message and "target-model" in message
+    assert "2 target tokens missing or renumbered" in message
+
+
+def test_draft_with_other_tokens_is_refused(tiny_llama) -> None:
+    other = WORDS[:-1] + ["zzz"]
+    target = loaded(tiny_llama(0), word_tokenizer(), "t")
+    draft = loaded(tiny_llama(1), word_tokenizer(other), "d")
+    with pytest.raises(ModelLoadError, match="1 target tokens missing or renumbered"):
+        check_same_vocabulary(target, draft)
+
+
+def test_draft_with_a_different_lm_head_size_is_refused(tiny_llama) -> None:
+    target = loaded(tiny_llama(0), word_tokenizer(), "t")
+    draft = loaded(tiny_llama(1, vocab_size=72), word_tokenizer(), "d")  # padded head, same tokenizer
+    assert draft.vocab_size == 72 and target.vocab_size == 64
+    with pytest.raises(ModelLoadError, match="72 rows but the target's has 64"):
+        check_same_vocabulary(target, draft)
+
+
+# -- check_architecture ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
+def test_supported_families_report_their_context(tiny_model, family: str) -> None:
+    config = tiny_model(family, 0).config
+    assert check_architecture(config) == config.max_position_embeddings
+
+
+def test_sliding_window_limits_the_context(tiny_model) -> None:
+    assert check_architecture(tiny_model("mistral", 0, sliding_window=16).config) == 16
+    qwen = Qwen2Config(use_sliding_window=True, sliding_window=24, max_window_layers=0, num_hidden_layers=2)
+    assert check_architecture(qwen) == 24
+    # a window Qwen2 does not use changes nothing
+    assert check_architecture(Qwen2Config(use_sliding_window=False, sliding_window=24)) == 32768
+
+
+def test_unsupported_family_is_refused() -> None:
+    with pytest.raises(ModelLoadError, match="model type 'gpt2' is not supported"):
+        check_architecture(GPT2Config())
+
+
+def test_linear_attention_is_refused() -> None:
+    config = types.SimpleNamespace(model_type="qwen2", layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(ModelLoadError, match="cannot be rolled back"):
+        check_architecture(config)
+
+
+# -- load_model ------------------------------------------------------------------------------------
+
+
+def test_load_a_local_checkpoint(tiny_llama, tmp_path) -> None:
+    model = tiny_llama(0)
+    model.save_pretrained(tmp_path)
+    word_tokenizer().save_pretrained(tmp_path)
+
+    out = load_model(str(tmp_path), dtype="fp32")
+    assert out.name == str(tmp_path)
+    assert out.max_context == model.config.max_position_embeddings
+    assert out.vocab_size == 64
+    assert out.eos_token_ids == (2, 3)  # the config's </s> and the tokenizer's <eot>
+    assert not out.model.training
+    assert next(out.model.parameters()).dtype == torch.float32
+    assert out.tokenizer.get_vocab() == word_tokenizer().get_vocab()
+    ids = torch.tensor([[1, 7, 9, 30]])
+    with torch.no_grad():
+        assert torch.equal(out.model(ids).logits, model(ids).logits)
+
+    half = load_model(str(tmp_path), dtype="bf16")
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+
+
+def test_local_folder_without_config_is_refused(tmp_path) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_local_checkpoint_is_refused_before_loading_weights(tmp_path) -> None:
+    GPT2Config(n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)  # config only, no weights
+    with pytest.raises(ModelLoadError, match="not supported"):
+        load_model(str(tmp_path))
+
+
+def test_missing_hub_id_offline_asks_for_a_local_path(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once at import
+    monkeypatch.chdir(tmp_path)  # so the id cannot name a local folder
+    with pytest.raises(ModelLoadError, match="local folder path") as err:
+        load_model("spectot-tests/no-such-model", dtype="fp32")
+    assert "spectot-tests/no-such-model" in str(err.value)
+
+
+def test_eos_ids_collects_every_source() -> None:
+    model = types.SimpleNamespace(
+        generation_config=types.SimpleNamespace(eos_token_id=[5, 7]),
+        config=types.SimpleNamespace(eos_token_id=2),
+    )
+    tokenizer = types.SimpleNamespace(eos_token_id=7)
+    assert eos_ids(model, tokenizer) == (2, 5, 7)
+    bare = types.SimpleNamespace(generation_config=None, config=types.SimpleNamespace(eos_token_id=None))
+    assert eos_ids(bare, types.SimpleNamespace(eos_token_id=None)) == ()

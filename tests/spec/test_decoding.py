@@ -1,0 +1,391 @@
+"""Decoder: speculative decoding is lossless, batching changes nothing, and generation stops where
+it should.
+
+Greedy invariants run on tiny random fp32 models: ``sd`` == ``ar`` token for token with a draft that
+always agrees (the target itself), one that rarely does (another random model) and prompt lookup.
+The sampling invariant compares the empirical joint distribution of sd's first tokens with the
+exact one computed from the target's HF logits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from spectot.engine.runner import ModelRunner
+from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
+from spectot.spec.proposers.draft_model import DraftModelProposer
+from spectot.spec.proposers.ngram import NgramProposer
+from spectot.spec.sampling import SamplingParams
+
+TARGET_SEED, DRAFT_SEED = 0, 1
+REF_TOKENS = 40  # length of the greedy AR reference every greedy test compares against
+# (prompt, max_new_tokens): a one-token prompt, a short one, and a longer one
+CASES = [
+    ([5], 20),
+    ([3, 17, 42, 8], 33),
+    ([21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38], 40),
+]
+SAMPLE = SamplingParams(do_sample=True, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(TARGET_SEED)
+
+
+@pytest.fixture(scope="module")
+def other_draft(tiny_llama):
+    return tiny_llama(DRAFT_SEED)
+
+
+def make_proposer(kind: str, target, other_draft):
+    if kind == "same":  # the target as its own draft: every greedy draft is accepted
+        return DraftModelProposer(ModelRunner(target))
+    if kind == "other":  # an unrelated random model: drafts are rarely accepted
+        return DraftModelProposer(ModelRunner(other_draft))
+    return NgramProposer()
+
+
+def run(model, prompts, proposer=None, eos=(), detokenize=None, **config) -> list[StreamResult]:
+    decoder = Decoder(ModelRunner(model), eos, proposer, detokenize=detokenize)
+    return decoder.generate(prompts, DecodeConfig(**config))
+
+
+@pytest.fixture(scope="module")
+def ar_reference(target):
+    """prompt -> the target's greedy AR continuation of REF_TOKENS tokens (no EOS)."""
+    cache: dict[tuple[int, ...], list[int]] = {}
+
+    def reference(prompt: list[int]) -> list[int]:
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = run(target, [prompt], max_new_tokens=REF_TOKENS)[0].token_ids
+        return cache[key]
+
+    return reference
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def assert_caches_empty(decoder: Decoder) -> None:
+    assert decoder.runner.cache.used == 0
+    assert decoder.runner.cache.streams == {}
+    if isinstance(decoder.proposer, DraftModelProposer):
+        assert decoder.proposer.runner.cache.used == 0
+        assert decoder.proposer.runner.cache.streams == {}
+
+
+# -- the AR baseline -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family, seed", [("llama", 0), ("qwen2", 1), ("mistral", 2), ("qwen3", 3)])
+def test_greedy_ar_and_sd_match_hf_greedy(tiny_model, family: str, seed: int) -> None:
+    model = tiny_model(family, seed)
+    prompt = CASES[1][0]
+    expected = hf_greedy(model, prompt, 24)
+    ar = run(model, [prompt], max_new_tokens=24)[0]
+    assert ar.token_ids == expected
+    assert ar.finish_reason == "length"
+    assert ar.stats.new_tokens == 24
+    assert ar.stats.mean_acceptance_length == 1.0
+    assert ar.stats.target_forwards == 24  # one prefill + one forward per further token
+    sd = run(model, [prompt], NgramProposer(), max_new_tokens=24, method="sd", num_draft_tokens=3)[0]
+    assert sd.token_ids == expected
+
+
+# -- greedy sd == greedy ar ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_greedy_sd_with_the_target_as_draft(target, ar_reference, case: int, k: int) -> None:
+    prompt, max_new = CASES[case]
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)))
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=max_new, method="sd", num_draft_tokens=k))
+    assert out.token_ids == ar_reference(prompt)[:max_new]
+    assert out.finish_reason == "length"
+    stats = out.stats
+    assert stats.acceptance_rate == 1.0
+    assert stats.mean_acceptance_length > 1
+    # every step emits min(k + 1, tokens left): the prefill gives the first token
+    assert stats.verify_steps == math.ceil((max_new - 1) / (k + 1))
+    assert stats.target_forwards == 1 + stats.verify_steps
+    assert stats.new_tokens == max_new
+    assert_caches_empty(decoder)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_greedy_sd_with_an_unrelated_draft(target, other_draft, ar_reference, case: int, k: int) -> None:
+    prompt, max_new = CASES[case]
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(other_draft)))
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=max_new, method="sd", num_draft_tokens=k))
+    assert out.token_ids == ar_reference(prompt)[:max_new]
+    assert out.stats.proposed > 0
+    assert out.stats.accepted < out.stats.proposed  # rejections happened and were rolled back
+    assert out.stats.draft_forwards > 0
+    assert_caches_empty(decoder)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_greedy_sd_with_ngram_drafts(target, ar_reference, case: int, k: int) -> None:
+    prompt, max_new = CASES[case]
+    decoder = Decoder(ModelRunner(target), (), NgramProposer())
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=max_new, method="sd", num_draft_tokens=k))
+    assert out.token_ids == ar_reference(prompt)[:max_new]
+    assert out.stats.proposed > 0
+    assert out.stats.draft_forwards == 0
+    assert_caches_empty(decoder)
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, draft", [("ar", "none"), ("sd", "other"), ("sd", "same"), ("sd", "ngram")])
+def test_batch_equals_each_stream_alone(target, other_draft, ar_reference, method: str, draft: str) -> None:
+    prompts = [case[0] for case in CASES]
+    # an EOS that ends stream 0 early while stream 1 runs to max_new_tokens
+    eos = next(t for t in ar_reference(prompts[0]) if t not in ar_reference(prompts[1]))
+    config = dict(max_new_tokens=30, method=method, num_draft_tokens=3)
+
+    def proposer():
+        return None if draft == "none" else make_proposer(draft, target, other_draft)
+
+    decoder = Decoder(ModelRunner(target), (eos,), proposer())
+    together = decoder.generate(prompts, DecodeConfig(**config))
+    alone = [run(target, [p], proposer(), eos=(eos,), **config)[0] for p in prompts]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.finish_reason for r in together] == [r.finish_reason for r in alone]
+    assert [r.prompt_ids for r in together] == prompts
+    assert together[0].finish_reason == "eos"
+    assert together[1].finish_reason == "length"
+    assert_caches_empty(decoder)
+    # the decoder (and its draft's per-stream state) is reusable
+    again = decoder.generate(prompts, DecodeConfig(**config))
+    assert [r.token_ids for r in again] == [r.token_ids for r in together]
+
+
+# -- sampling ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_seeded_sampling_is_reproducible(target, other_draft, method: str) -> None:
+    prompts = [case[0] for case in CASES]
+
+    def sample_run(seed: int, decoder: Decoder | None = None) -> list[list[int]]:
+        decoder = decoder or Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(other_draft)))
+        config = DecodeConfig(max_new_tokens=20, sampling=SAMPLE, method=method, num_draft_tokens=3, seed=seed)
+        return [r.token_ids for r in decoder.generate(prompts, config)]
+
+    shared = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(other_draft)))
+    first = sample_run(0)
+    assert sample_run(0) == first
+    assert sample_run(0, shared) == first
+    assert sample_run(0, shared) == first  # state left by earlier calls changes nothing
+    outputs = {tuple(map(tuple, sample_run(seed))) for seed in range(1, 4)}
+    assert len(outputs | {tuple(map(tuple, first))}) > 1
+
+
+# -- stopping ----------------------------------------------------------------------------------
+
+
+def first_mid_block_index(tokens: list[int], block: int, new_value) -> int:
+    """The first index i >= 1 that is not the last of a block of ``block`` tokens emitted after the
+    prefill's token and where new_value(i) holds."""
+    for i in range(2, len(tokens)):
+        if i % block != 0 and new_value(i):
+            return i
+    raise AssertionError("the reference output has no usable position")
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_eos_mid_block_ends_generation_right_after_it(target, ar_reference, method: str) -> None:
+    prompt = CASES[1][0]
+    ref = ar_reference(prompt)
+    k = 5  # with the target as draft, steps emit tokens [1..6], [7..12], ...
+    i = first_mid_block_index(ref, k + 1, lambda i: ref[i] not in ref[:i])
+    proposer = DraftModelProposer(ModelRunner(target)) if method == "sd" else None
+    decoder = Decoder(ModelRunner(target), (ref[i],), proposer)
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=REF_TOKENS, method=method, num_draft_tokens=k))
+    assert out.token_ids == ref[: i + 1]
+    assert out.finish_reason == "eos"
+    assert out.stats.new_tokens == i + 1
+    assert_caches_empty(decoder)
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_eos_as_first_token(target, ar_reference, method: str) -> None:
+    prompt = CASES[0][0]
+    first = ar_reference(prompt)[0]
+    out = run(target, [prompt], NgramProposer(), eos=(first,), max_new_tokens=10, method=method)[0]
+    assert out.token_ids == [first]
+    assert out.finish_reason == "eos"
+    assert out.stats.target_forwards == 1
+
+
+def detokenize(ids: list[int]) -> str:
+    """One character per token, so text positions line up with tokens."""
+    return "".join(chr(0x41 + t) for t in ids)
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_stop_string_ends_generation_at_the_token_completing_it(target, ar_reference, method: str) -> None:
+    prompt = CASES[2][0]
+    ref = ar_reference(prompt)
+    text = detokenize(ref)
+    i = first_mid_block_index(ref, 6, lambda i: text.find(text[i - 1 : i + 1]) == i - 1)
+    stop = text[i - 1 : i + 1]
+    proposer = DraftModelProposer(ModelRunner(target)) if method == "sd" else None
+    out = run(
+        target, [prompt], proposer, detokenize=detokenize, max_new_tokens=REF_TOKENS, method=method, stop=(stop,)
+    )[0]
+    assert out.token_ids == ref[: i + 1]
+    assert out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_new", [1, 7, 9])
+def test_max_new_tokens_cuts_a_block(target, ar_reference, max_new: int) -> None:
+    prompt = CASES[2][0]
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)))
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=max_new, method="sd", num_draft_tokens=5))
+    assert len(out.token_ids) == max_new
+    assert out.token_ids == ar_reference(prompt)[:max_new]
+    assert out.finish_reason == "length"
+    # drafts never run past the budget, so nothing drafted is thrown away
+    assert out.stats.proposed == out.stats.accepted == max_new - out.stats.verify_steps - 1
+    assert_caches_empty(decoder)
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_stop_strings_need_a_detokenizer(target) -> None:
+    with pytest.raises(ValueError, match="detokenizer"):
+        run(target, [[1, 2]], max_new_tokens=4, stop=("x",))
+
+
+def test_sd_needs_a_proposer(target) -> None:
+    with pytest.raises(ValueError, match="proposer"):
+        run(target, [[1, 2]], max_new_tokens=4, method="sd")
+
+
+def test_empty_prompt_is_refused(target) -> None:
+    with pytest.raises(ValueError, match="at least one token"):
+        run(target, [[1, 2], []], max_new_tokens=4)
+
+
+def test_prompt_plus_max_new_tokens_must_fit_the_context(target) -> None:
+    decoder = Decoder(ModelRunner(target, max_context=32))
+    with pytest.raises(ValueError, match="context of 32"):
+        decoder.generate([list(range(10))], DecodeConfig(max_new_tokens=23))
+    [out] = decoder.generate([list(range(10))], DecodeConfig(max_new_tokens=22))
+    assert len(out.token_ids) == 22
+
+
+@pytest.mark.parametrize("field", ["max_new_tokens", "num_draft_tokens"])
+def test_decode_config_validates_counts(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        DecodeConfig(**{field: 0})
+
+
+# -- sd samples from the target's distribution -----------------------------------------------
+
+DIST_VOCAB = 4
+DIST_PROMPT = [1, 2, 3]
+# 4 tokens: the first comes from the prefill, then a step verifies a 2-token draft (k is capped
+# at the tokens left minus the bonus), so draws exercise accepted, recovered and bonus tokens.
+DIST_TOKENS = 4
+DIST_STREAMS = 25  # streams per generate call; each stream is an independent draw
+
+
+@torch.no_grad()
+def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float]:
+    """P(t_1..t_n) = prod_i P(t_i | prompt, t_<i) under temperature-1 sampling, from HF logits."""
+    probs: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        prefixes = list(probs)
+        p = model(torch.tensor([prompt + list(s) for s in prefixes])).logits[:, -1].double().softmax(-1)
+        probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(prefixes) for v in range(DIST_VOCAB)}
+    return probs
+
+
+def sample_counts(decoder: Decoder, method: str, calls: int) -> tuple[Counter, int, int]:
+    counts: Counter = Counter()
+    proposed = accepted = 0
+    for seed in range(calls):
+        config = DecodeConfig(
+            max_new_tokens=DIST_TOKENS, sampling=SAMPLE, method=method, num_draft_tokens=2, seed=seed
+        )
+        for out in decoder.generate([DIST_PROMPT] * DIST_STREAMS, config):
+            counts[tuple(out.token_ids)] += 1
+            proposed += out.stats.proposed
+            accepted += out.stats.accepted
+    return counts, proposed, accepted
+
+
+def chi_square_pvalue(counts: Counter, exact: dict[tuple[int, ...], float]) -> float:
+    """Pearson's test on every sequence, pooling the cells expected fewer than 5 times."""
+    n = sum(counts.values())
+    assert set(counts) <= set(exact)
+    big = [s for s in exact if exact[s] * n >= 5]
+    small = [s for s in exact if exact[s] * n < 5]
+    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
+    expected = [exact[s] * n for s in big] + [sum(exact[s] for s in small) * n]
+    total = sum(expected)
+    return float(chisquare(observed, [e * n / total for e in expected]).pvalue)
+
+
+def pair_tv(counts: Counter, exact: dict[tuple[int, ...], float], i: int) -> float:
+    """Total variation between the empirical and exact joint of tokens i and i + 1."""
+    n = sum(counts.values())
+    emp: Counter = Counter()
+    ref: Counter = Counter()
+    for s, p in exact.items():
+        ref[s[i : i + 2]] += p
+        emp[s[i : i + 2]] += counts[s] / n
+    return 0.5 * sum(abs(emp[pair] - ref[pair]) for pair in itertools.product(range(DIST_VOCAB), repeat=2))
+
+
+@pytest.fixture(scope="module")
+def dist_models(tiny_llama):
+    # a wider init than the default makes the distributions far from uniform and far apart
+    target = tiny_llama(TARGET_SEED, vocab_size=DIST_VOCAB, initializer_range=0.2)
+    draft = tiny_llama(DRAFT_SEED, vocab_size=DIST_VOCAB, initializer_range=0.2)
+    return target, draft
+
+
+def test_sd_sampling_matches_the_exact_target_joint(dist_models) -> None:
+    target, draft = dist_models
+    exact = exact_joint(target, DIST_PROMPT, DIST_TOKENS)
+    draft_exact = exact_joint(draft, DIST_PROMPT, DIST_TOKENS)
+    assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
+
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(draft)))
+    counts, proposed, accepted = sample_counts(decoder, "sd", calls=200)
+    assert sum(counts.values()) == 200 * DIST_STREAMS
+    assert 0.2 < accepted / proposed < 0.9  # both accepted and rejected drafts were verified
+    assert chi_square_pvalue(counts, exact) > 1e-3
+    for i in range(DIST_TOKENS - 1):
+        assert pair_tv(counts, exact, i) < 0.05
+
+
+def test_ar_sampling_matches_the_exact_target_joint(dist_models) -> None:
+    target, _ = dist_models
+    exact = exact_joint(target, DIST_PROMPT, DIST_TOKENS)
+    counts, _, _ = sample_counts(Decoder(ModelRunner(target)), "ar", calls=80)
+    assert chi_square_pvalue(counts, exact) > 1e-3
+    for i in range(DIST_TOKENS - 1):
+        assert pair_tv(counts, exact, i) < 0.05

