@@ -59,13 +59,16 @@ def run(model, prompts, proposer=None, eos=(), detokenize=None, **config) -> lis
 
 @pytest.fixture(scope="module")
 def ar_reference(target):
-    """prompt -> the target's greedy AR continuation of REF_TOKENS tokens (no EOS)."""
+    """prompt -> the target's greedy AR continuation of REF_TOKENS tokens (no EOS), checked once
+    against a plain HF greedy loop."""
     cache: dict[tuple[int, ...], list[int]] = {}
 
     def reference(prompt: list[int]) -> list[int]:
         key = tuple(prompt)
         if key not in cache:
-            cache[key] = run(target, [prompt], max_new_tokens=REF_TOKENS)[0].token_ids
+            tokens = run(target, [prompt], max_new_tokens=REF_TOKENS)[0].token_ids
+            assert tokens == hf_greedy(target, prompt, REF_TOKENS)
+            cache[key] = tokens
         return cache[key]
 
     return reference
@@ -178,6 +181,16 @@ def test_batch_equals_each_stream_alone(target, other_draft, ar_reference, metho
     assert [r.token_ids for r in again] == [r.token_ids for r in together]
 
 
+def test_cache_growth_mid_generation_changes_nothing(target, other_draft, ar_reference) -> None:
+    # target and draft caches start with 4 slots and must grow several times during the run
+    decoder = Decoder(ModelRunner(target, capacity=4), (), DraftModelProposer(ModelRunner(other_draft, capacity=4)))
+    prompts = [case[0] for case in CASES]
+    outs = decoder.generate(prompts, DecodeConfig(max_new_tokens=30, method="sd", num_draft_tokens=3))
+    assert [r.token_ids for r in outs] == [ar_reference(p)[:30] for p in prompts]
+    assert decoder.runner.cache.capacity >= sum(len(p) for p in prompts) + 3 * 29
+    assert_caches_empty(decoder)
+
+
 # -- sampling ----------------------------------------------------------------------------------
 
 
@@ -202,11 +215,11 @@ def test_seeded_sampling_is_reproducible(target, other_draft, method: str) -> No
 # -- stopping ----------------------------------------------------------------------------------
 
 
-def first_mid_block_index(tokens: list[int], block: int, new_value) -> int:
-    """The first index i >= 1 that is not the last of a block of ``block`` tokens emitted after the
-    prefill's token and where new_value(i) holds."""
+def first_mid_block_index(tokens: list[int], block: int, usable) -> int:
+    """The first index i >= 2 with usable(i) that is not the last token of a step, when the prefill
+    emits token 0 and every step emits ``block`` tokens (tokens 1..block, block+1..2*block, ...)."""
     for i in range(2, len(tokens)):
-        if i % block != 0 and new_value(i):
+        if i % block != 0 and usable(i):
             return i
     raise AssertionError("the reference output has no usable position")
 
@@ -223,6 +236,8 @@ def test_eos_mid_block_ends_generation_right_after_it(target, ar_reference, meth
     assert out.token_ids == ref[: i + 1]
     assert out.finish_reason == "eos"
     assert out.stats.new_tokens == i + 1
+    if method == "sd":  # the last step verified tokens past the EOS, and they were dropped
+        assert out.stats.accepted + out.stats.verify_steps > i
     assert_caches_empty(decoder)
 
 
@@ -254,10 +269,12 @@ def test_stop_string_ends_generation_at_the_token_completing_it(target, ar_refer
     )[0]
     assert out.token_ids == ref[: i + 1]
     assert out.finish_reason == "stop"
+    if method == "sd":  # the last step verified tokens past the stop string, and they were dropped
+        assert out.stats.accepted + out.stats.verify_steps > i
 
 
 @pytest.mark.parametrize("max_new", [1, 7, 9])
-def test_max_new_tokens_cuts_a_block(target, ar_reference, max_new: int) -> None:
+def test_max_new_tokens_is_exact_with_long_drafts(target, ar_reference, max_new: int) -> None:
     prompt = CASES[2][0]
     decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)))
     [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=max_new, method="sd", num_draft_tokens=5))
@@ -322,14 +339,16 @@ def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float
     return probs
 
 
-def sample_counts(decoder: Decoder, method: str, calls: int) -> tuple[Counter, int, int]:
+def sample_counts(decoder: Decoder, method: str, prompt: list[int], calls: int) -> tuple[Counter, int, int]:
+    """Seeds 0..calls-1, DIST_STREAMS copies of the prompt per call: counts of each token sequence,
+    and the draft tokens proposed and accepted in all."""
     counts: Counter = Counter()
     proposed = accepted = 0
     for seed in range(calls):
         config = DecodeConfig(
             max_new_tokens=DIST_TOKENS, sampling=SAMPLE, method=method, num_draft_tokens=2, seed=seed
         )
-        for out in decoder.generate([DIST_PROMPT] * DIST_STREAMS, config):
+        for out in decoder.generate([prompt] * DIST_STREAMS, config):
             counts[tuple(out.token_ids)] += 1
             proposed += out.stats.proposed
             accepted += out.stats.accepted
@@ -367,16 +386,29 @@ def dist_models(tiny_llama):
     return target, draft
 
 
-def test_sd_sampling_matches_the_exact_target_joint(dist_models) -> None:
-    target, draft = dist_models
-    exact = exact_joint(target, DIST_PROMPT, DIST_TOKENS)
-    draft_exact = exact_joint(draft, DIST_PROMPT, DIST_TOKENS)
-    assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
+@pytest.mark.parametrize(
+    "draft, prompt, calls",
+    [
+        # sampled drafts, verified against their q
+        pytest.param("model", DIST_PROMPT, 200, id="draft-model"),
+        # deterministic drafts, verified as one-hot q (the prompt repeats, so lookups hit)
+        pytest.param("ngram", [1, 2, 3, 1, 2], 120, id="ngram"),
+    ],
+)
+def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, prompt: list[int], calls: int) -> None:
+    target, draft_model = dist_models
+    exact = exact_joint(target, prompt, DIST_TOKENS)
+    if draft == "model":
+        draft_exact = exact_joint(draft_model, prompt, DIST_TOKENS)
+        assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
+        proposer = DraftModelProposer(ModelRunner(draft_model))
+    else:
+        proposer = NgramProposer()
 
-    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(draft)))
-    counts, proposed, accepted = sample_counts(decoder, "sd", calls=200)
-    assert sum(counts.values()) == 200 * DIST_STREAMS
-    assert 0.2 < accepted / proposed < 0.9  # both accepted and rejected drafts were verified
+    decoder = Decoder(ModelRunner(target), (), proposer)
+    counts, proposed, accepted = sample_counts(decoder, "sd", prompt, calls)
+    assert sum(counts.values()) == calls * DIST_STREAMS
+    assert 0 < accepted < proposed  # both accepted and rejected drafts were verified
     assert chi_square_pvalue(counts, exact) > 1e-3
     for i in range(DIST_TOKENS - 1):
         assert pair_tv(counts, exact, i) < 0.05
@@ -385,7 +417,8 @@ def test_sd_sampling_matches_the_exact_target_joint(dist_models) -> None:
 def test_ar_sampling_matches_the_exact_target_joint(dist_models) -> None:
     target, _ = dist_models
     exact = exact_joint(target, DIST_PROMPT, DIST_TOKENS)
-    counts, _, _ = sample_counts(Decoder(ModelRunner(target)), "ar", calls=80)
+    counts, proposed, _ = sample_counts(Decoder(ModelRunner(target)), "ar", DIST_PROMPT, calls=80)
+    assert proposed == 0
     assert chi_square_pvalue(counts, exact) > 1e-3
     for i in range(DIST_TOKENS - 1):
         assert pair_tv(counts, exact, i) < 0.05

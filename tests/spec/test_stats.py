@@ -28,8 +28,9 @@ def test_record_step_totals() -> None:
 
 def test_record_step_counts_by_position() -> None:
     stats = recorded(STEPS)
-    assert stats.proposed_by_position == [4, 4, 3, 1]
-    assert stats.accepted_by_position == [3, 2, 1, 0]
+    # position i counts only when it was tested: proposed, and drafts 1..i-1 accepted
+    assert stats.reached_by_position == [4, 3, 2]
+    assert stats.accepted_by_position == [3, 2, 1]
 
 
 def test_mean_acceptance_length_includes_bonus_token() -> None:
@@ -52,16 +53,11 @@ def test_acceptance_by_position_first_position() -> None:
     assert recorded(STEPS).to_dict()["acceptance_by_position"][0] == pytest.approx(3 / 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stats.py documents acceptance_by_position[i] as P(draft i+1 accepted | proposed and "
-    "drafts 1..i accepted), but divides by every proposal at position i+1 (here 2/4, not 2/3)",
-)
 def test_acceptance_by_position_is_conditional_on_earlier_acceptance() -> None:
     # position 2 was reached (proposed with draft 1 accepted) in steps (3, 3), (3, 1), (4, 2): 3 times;
-    # draft 2 was accepted in 2 of them. Position 3: reached in (3, 3) only, accepted there.
-    # Position 4: reached in no step ((4, 2) rejected draft 3).
-    assert recorded(STEPS).to_dict()["acceptance_by_position"] == pytest.approx([3 / 4, 2 / 3, 1.0, 0.0])
+    # draft 2 was accepted in 2 of them. Position 3: reached in (3, 3) and (4, 2) (which tested and
+    # rejected draft 3): accepted once. Position 4 was never reached, so it has no entry.
+    assert recorded(STEPS).to_dict()["acceptance_by_position"] == pytest.approx([3 / 4, 2 / 3, 1 / 2])
 
 
 def test_empty_stats_are_zero_not_nan() -> None:
@@ -83,9 +79,9 @@ def test_to_dict_has_fields_and_derived_metrics() -> None:
     stats = recorded(STEPS)
     stats.new_tokens, stats.time_total = 11, 2.0
     out = stats.to_dict()
-    assert out["proposed_by_position"] == [4, 4, 3, 1]
+    assert out["reached_by_position"] == [4, 3, 2]
     assert out["mean_acceptance_length"] == pytest.approx(2.2)
     assert out["acceptance_rate"] == pytest.approx(0.5)
     assert out["tokens_per_second"] == pytest.approx(5.5)
     assert out["time_other"] == pytest.approx(2.0)
-    assert len(out["acceptance_by_position"]) == 4
+    assert len(out["acceptance_by_position"]) == 3

@@ -197,8 +197,9 @@ def test_acceptance_rate_matches_one_minus_tv(kind: str, k: int) -> None:
         assert exact[0] == pytest.approx(float(p1[int(q1.argmax())]))
     for i, a in enumerate(exact, start=1):
         observed = float((run.first_accepts >= i).double().mean())
-        stderr = math.sqrt(a * (1 - a) / N_TRIALS)
-        assert abs(observed - a) <= 4 * stderr + 1e-12, f"P(>= {i} accepted): {observed:.4f} vs {a:.4f}"
+        stderr = math.sqrt(max(a * (1 - a), 0.0) / N_TRIALS)
+        # the 1e-6 slack absorbs float32 rounding of a, which is exactly 0 or 1 for same/disjoint
+        assert abs(observed - a) <= 4 * stderr + 1e-6, f"P(>= {i} accepted): {observed:.4f} vs {a:.4f}"
 
 
 def test_onehot_draft_accepted_with_target_probability() -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
@@ -52,6 +53,31 @@ def batch_invariant_attention(
     return torch.matmul(probs, v.double()).view(h_kv * group, n, d)
 
 
+LinearKernel = Literal["auto", "torch", "spectot"]
+
+
+def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> Callable:
+    """The matmul the runner uses: spectot's batch-invariant bf16 kernel on CPUs without native
+    bf16 ("auto" picks it there; with it a forward over n tree tokens costs about one token), else
+    torch's ``F.linear``."""
+    from torch.nn.functional import linear
+
+    if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
+        if choice == "spectot":
+            raise ValueError("the spectot linear kernel is for bf16 on the CPU; use --kernels torch or --dtype bf16")
+        return linear
+    from spectot.engine.kernels import bf16_linear, cpu_has_native_bf16
+
+    if choice == "auto" and cpu_has_native_bf16():
+        return linear
+    kernel = bf16_linear()
+    if kernel is None:
+        if choice == "spectot":
+            raise ValueError("the spectot bf16 kernel needs an x86 CPU with AVX2 + FMA and a C++ compiler")
+        return linear
+    return kernel
+
+
 class ContextOverflowError(ValueError):
     """A stream would grow past the model's context."""
 
@@ -66,7 +92,7 @@ class StreamTree:
 
 @dataclass
 class ForwardOutput:
-    logits: list[torch.Tensor]  # per stream tree: (n_s, V) float32, or (1, V) with last_only
+    logits: list[torch.Tensor]  # per stream tree: (n_s, V) float32 on the host, or (1, V) with last_only
     hidden: list[torch.Tensor] | None  # per stream tree: (n_s, H) at the chosen layer
 
 
@@ -78,7 +104,9 @@ class _Pending:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, *, max_context: int | None = None, capacity: int = 1024) -> None:
+    def __init__(
+        self, model: Any, *, max_context: int | None = None, capacity: int = 1024, kernels: LinearKernel = "auto"
+    ) -> None:
         config = model.config
         limit = check_architecture(config)
         self.model = model
@@ -104,6 +132,7 @@ class ModelRunner:
             capacity=capacity,
         )
         self._pending: _Pending | None = None
+        self._linear = pick_linear(self.dtype, self.device, kernels)
 
     @property
     def num_layers(self) -> int:
@@ -123,13 +152,13 @@ class ModelRunner:
         return self.cache.length(stream)
 
     # -- forward ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def forward(
         self, trees: Sequence[StreamTree], *, last_only: bool = False, hidden_layer: int | None = None
     ) -> ForwardOutput:
         """Run every stream's tree in one forward. ``last_only``: logits of each tree's last node
         only (a prefill or plain AR step). ``hidden_layer``: also return that hidden state
-        (transformers' ``hidden_states`` index: 0 = embeddings, negative counts from the end)."""
+        (transformers' ``hidden_states`` index: 0 = embeddings, i = output of decoder layer i, the
+        last = after the final norm; negative counts from the end)."""
         if self._pending is not None:
             raise RuntimeError("commit() the previous forward before running the next one")
         if not trees:
@@ -155,12 +184,11 @@ class ModelRunner:
         )
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
-        logits, hidden = self._run(tokens, positions, mask, start, rows, hidden_index)
+        with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
+            logits, hidden = self._run(tokens, positions, mask, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
-        if last_only:
-            per_stream = list(logits.float().split(1))
-        else:
-            per_stream = list(logits.float().split(sizes))
+        logits = logits.float().cpu()  # host sync: sampling and verification run on the host
+        per_stream = list(logits.split(1 if last_only else sizes))
         hidden_out = None if hidden is None else list(hidden.split(sizes))
         return ForwardOutput(per_stream, hidden_out)
 
@@ -188,11 +216,20 @@ class ModelRunner:
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
             x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask, start)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-            if hidden_index == i + 1:
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+            if hidden_index == i + 1 < len(self._layers):
                 hidden = x[0]
-        x = x[0] if rows is None else x[0, rows]
-        return self._lm_head(self._norm(x)), hidden
+        x = self._norm(x[0])
+        if hidden_index == len(self._layers):
+            hidden = x
+        return self._project(self._lm_head, x if rows is None else x[rows]), hidden
+
+    def _project(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, module.weight, module.bias)
+
+    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU: down(act(gate(x)) * up(x)), the MLP of every supported family."""
+        return self._project(mlp.down_proj, mlp.act_fn(self._project(mlp.gate_proj, x)) * self._project(mlp.up_proj, x))
 
     def _attention(
         self,
@@ -206,16 +243,16 @@ class ModelRunner:
     ) -> torch.Tensor:
         n = x.shape[1]
         shape = (1, n, -1, self.head_dim)
-        q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
+        q, k = self._project(attn.q_proj, x).view(shape), self._project(attn.k_proj, x).view(shape)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises heads before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H, N, D)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        v = self._project(attn.v_proj, x).view(shape).transpose(1, 2)
         kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
         kv[0, :, start : start + n] = k[0]
         kv[1, :, start : start + n] = v[0]
         out = batch_invariant_attention(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, attn.scaling)
-        return attn.o_proj(out.to(x.dtype).transpose(0, 1).reshape(1, n, -1))
+        return self._project(attn.o_proj, out.to(x.dtype).transpose(0, 1).reshape(1, n, -1))
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:
@@ -225,16 +262,23 @@ class ModelRunner:
         if pending is None:
             raise RuntimeError("commit() without a forward")
         accepted = accepted or {}
-        keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
-        for st, offset in zip(pending.trees, pending.offsets):
-            nodes = list(accepted.get(st.stream, ()))
-            if nodes and nodes != st.tree.path_to(nodes[-1]):
+        paths = [list(accepted.get(st.stream, ())) for st in pending.trees]
+        for st, nodes in zip(pending.trees, paths):  # validate everything before touching the cache
+            if nodes and (not 0 <= nodes[-1] < len(st.tree) or nodes != st.tree.path_to(nodes[-1])):
+                self._pending = pending
                 raise ValueError(f"accepted nodes {nodes} are not a root-to-node path of the tree")
+        keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
+        for st, offset, nodes in zip(pending.trees, pending.offsets, paths):
             if nodes:
                 slots = torch.tensor(nodes, dtype=torch.int64) + (pending.start + offset)
                 self.cache.hold(st.stream, slots)
                 keep[slots - pending.start] = True
         self.cache.remove((~keep).nonzero().squeeze(1) + pending.start)
+
+    def abort(self) -> None:
+        """Drop an uncommitted forward, if any (error recovery: the cache returns to its state before it)."""
+        if self._pending is not None:
+            self.commit({})
 
     def commit_all(self) -> None:
         """Keep every token of the last forward (all trees must be chains: a prefill or AR step)."""

@@ -102,6 +102,7 @@ class Decoder:
                 self._step(active, config, generator, batch)
                 active = [s for s in active if s.finish is None]
         finally:
+            self.runner.abort()  # an error mid-step must not leave a forward pending
             for s in streams:
                 self.runner.release(s.sid)
                 if self.proposer is not None:

@@ -8,6 +8,7 @@ the argmax, which makes greedy verification a special case of the sampling rules
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,11 +24,11 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
+        if not 0 < self.top_p <= 1:  # also rejects NaN
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property

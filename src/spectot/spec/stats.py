@@ -22,7 +22,7 @@ class DecodeStats:
     verify_steps: int = 0  # per-stream verification steps (a batched forward counts once per stream)
     proposed: int = 0
     accepted: int = 0
-    proposed_by_position: list[int] = field(default_factory=list)
+    reached_by_position: list[int] = field(default_factory=list)  # draft position i was proposed and 1..i accepted
     accepted_by_position: list[int] = field(default_factory=list)
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -32,12 +32,13 @@ class DecodeStats:
         self.verify_steps += 1
         self.proposed += proposed
         self.accepted += accepted
-        grow = proposed - len(self.proposed_by_position)
+        reached = min(proposed, accepted + 1)  # positions after the first rejection were never tested
+        grow = reached - len(self.reached_by_position)
         if grow > 0:
-            self.proposed_by_position += [0] * grow
+            self.reached_by_position += [0] * grow
             self.accepted_by_position += [0] * grow
-        for i in range(proposed):
-            self.proposed_by_position[i] += 1
+        for i in range(reached):
+            self.reached_by_position[i] += 1
             self.accepted_by_position[i] += int(i < accepted)
 
     @property
@@ -62,7 +63,7 @@ class DecodeStats:
             mean_acceptance_length=self.mean_acceptance_length,
             acceptance_rate=self.acceptance_rate,
             acceptance_by_position=[
-                a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)
+                a / r if r else 0.0 for a, r in zip(self.accepted_by_position, self.reached_by_position)
             ],
             time_other=self.time_other,
             tokens_per_second=self.tokens_per_second,

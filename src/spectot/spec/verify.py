@@ -31,7 +31,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     has probability 0 there, so any choice is exact, and generation never stops on NaN)."""
     r = (p - q).clamp_min_(0)
     total = r.sum(-1, keepdim=True)
-    return torch.where(total > 0, r / total.clamp_min(1e-30), p)
+    return torch.where(total > 0, r / torch.where(total > 0, total, 1.0), p)
 
 
 def verify_chain(

@@ -3,7 +3,8 @@
 The draft keeps one KV stream per decoding stream and remembers which tokens it has run. Before
 drafting it rolls back to the longest common prefix with the stream's real tokens (rejected
 drafts go away) and runs the rest as one chain, then drafts k tokens one forward at a time. All
-streams draft together: each draft forward is one batched forward over every stream.
+streams draft together: each draft forward is one batched forward over every stream. Near the end
+of the draft's own context it proposes fewer tokens, then none (the target decodes on alone).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class DraftModelProposer:
     ) -> list[Draft]:
         drafted: dict[int, list[int]] = {r.key: [] for r in requests}
         probs: dict[int, list[torch.Tensor]] = {r.key: [] for r in requests}
-        active = [r for r in requests if r.k > 0]
+        room = {r.key: self.runner.max_context - r.tokens.numel() for r in requests}  # the draft's own context
+        active = [r for r in requests if min(r.k, room[r.key]) > 0]
         chains = {r.key: TokenTree.chain(self._catch_up(r)) for r in active}
         while active:  # one batched draft forward per drafted position
             out = self.runner.forward([StreamTree(self._streams[r.key], chains[r.key]) for r in active], last_only=True)
@@ -50,7 +52,7 @@ class DraftModelProposer:
                 token = int(q.argmax() if params.greedy else sample(q, generator))
                 drafted[r.key].append(token)
                 probs[r.key].append(q)
-                if len(drafted[r.key]) < r.k:
+                if len(drafted[r.key]) < min(r.k, room[r.key]):
                     chains[r.key] = TokenTree.chain([token])
                     still_drafting.append(r)
             active = still_drafting
