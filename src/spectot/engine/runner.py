@@ -82,6 +82,64 @@ class ContextOverflowError(ValueError):
     """A stream would grow past the model's context."""
 
 
+def _fuse(modules: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate linear layers' weights into one (out_total, in) matrix and re-point each module's
+    weight at its rows, so the fused matrix costs no extra memory and the model stays usable."""
+    fused = torch.cat([m.weight.data for m in modules])
+    offset = 0
+    for m in modules:
+        rows = m.weight.shape[0]
+        m.weight.data = fused[offset : offset + rows]
+        offset += rows
+    biases = [m.bias for m in modules]
+    if all(b is None for b in biases):
+        return fused, None
+    return fused, torch.cat([b.data if b is not None else fused.new_zeros(m.weight.shape[0]) for b, m in zip(biases, modules)])
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer as fused weights and plain callables: the hot loop does no module lookups."""
+
+    input_norm: Callable
+    qkv_weight: torch.Tensor  # (H_q*D + 2*H_kv*D, hidden): q, k, v projections, fused
+    qkv_bias: torch.Tensor | None
+    q_norm: Callable | None
+    k_norm: Callable | None
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    scaling: float
+    post_norm: Callable
+    gate_up_weight: torch.Tensor  # (2 * intermediate, hidden): gate then up, fused
+    gate_up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+    act: Callable
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, layer: Any) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        return cls(
+            input_norm=layer.input_layernorm,
+            qkv_weight=qkv_weight,
+            qkv_bias=qkv_bias,
+            q_norm=getattr(attn, "q_norm", None),
+            k_norm=getattr(attn, "k_norm", None),
+            o_weight=attn.o_proj.weight,
+            o_bias=attn.o_proj.bias,
+            scaling=float(attn.scaling),
+            post_norm=layer.post_attention_layernorm,
+            gate_up_weight=gate_up_weight,
+            gate_up_bias=gate_up_bias,
+            down_weight=mlp.down_proj.weight,
+            down_bias=mlp.down_proj.bias,
+            act=mlp.act_fn,
+        )
+
+
 @dataclass(frozen=True)
 class StreamTree:
     """A tree to append to one stream in a batched forward."""
@@ -113,14 +171,15 @@ class ModelRunner:
         self.max_context = min(limit, max_context or limit)
         inner = model.model
         self._embed = inner.embed_tokens
-        self._layers = list(inner.layers)
         self._norm = inner.norm
         self._rotary = inner.rotary_emb
         self._lm_head = model.get_output_embeddings()
-        self._apply_rope = sys.modules[type(self._layers[0].self_attn).__module__].apply_rotary_pos_emb
-        attn = self._layers[0].self_attn
+        attn = inner.layers[0].self_attn
+        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.head_dim = int(attn.head_dim)
         self.num_kv_heads = int(config.num_key_value_heads)
+        self._layers = [_Layer.of(layer) for layer in inner.layers]
+        self._kv_size = self.num_kv_heads * self.head_dim
         self.dtype = self._lm_head.weight.dtype
         self.device = self._lm_head.weight.device
         self.cache = FlatKVCache(
@@ -211,30 +270,25 @@ class ModelRunner:
         rows: torch.Tensor | None,
         hidden_index: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        linear = self._linear
         x = self._embed(tokens)[None]  # (1, N, H)
         cos, sin = self._rotary(x, positions[None])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
-            x = x + self._attention(i, layer.self_attn, layer.input_layernorm(x), cos, sin, mask, start)
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, mask, start)
+            gate, up = linear(layer.post_norm(x), layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
+            x = x + linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)  # SwiGLU MLP
             if hidden_index == i + 1 < len(self._layers):
                 hidden = x[0]
         x = self._norm(x[0])
         if hidden_index == len(self._layers):
             hidden = x
-        return self._project(self._lm_head, x if rows is None else x[rows]), hidden
-
-    def _project(self, module: Any, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x, module.weight, module.bias)
-
-    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU: down(act(gate(x)) * up(x)), the MLP of every supported family."""
-        return self._project(mlp.down_proj, mlp.act_fn(self._project(mlp.gate_proj, x)) * self._project(mlp.up_proj, x))
+        return linear(x if rows is None else x[rows], self._lm_head.weight, self._lm_head.bias), hidden
 
     def _attention(
         self,
         index: int,
-        attn: Any,
+        layer: _Layer,
         x: torch.Tensor,  # (1, N, H)
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -243,16 +297,17 @@ class ModelRunner:
     ) -> torch.Tensor:
         n = x.shape[1]
         shape = (1, n, -1, self.head_dim)
-        q, k = self._project(attn.q_proj, x).view(shape), self._project(attn.k_proj, x).view(shape)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises heads before rotary
-            q, k = attn.q_norm(q), attn.k_norm(k)
+        qkv = self._linear(x, layer.qkv_weight, layer.qkv_bias)
+        q, k, v = qkv.split([qkv.shape[-1] - 2 * self._kv_size, self._kv_size, self._kv_size], -1)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        if layer.q_norm is not None:  # Qwen3 normalises heads before rotary
+            q, k = layer.q_norm(q), layer.k_norm(k)
         q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H, N, D)
-        v = self._project(attn.v_proj, x).view(shape).transpose(1, 2)
         kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
         kv[0, :, start : start + n] = k[0]
-        kv[1, :, start : start + n] = v[0]
-        out = batch_invariant_attention(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, attn.scaling)
-        return self._project(attn.o_proj, out.to(x.dtype).transpose(0, 1).reshape(1, n, -1))
+        kv[1, :, start : start + n] = v[0].transpose(0, 1)
+        out = batch_invariant_attention(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, layer.scaling)
+        return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n, -1), layer.o_weight, layer.o_bias)
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:
