@@ -11,6 +11,7 @@ from typing import Literal
 
 DType = Literal["bf16", "fp32", "fp16"]
 Method = Literal["ar", "sd"]
+Kernels = Literal["auto", "torch", "spectot"]
 
 
 def opt(help: str, **kw) -> dict:
@@ -23,6 +24,13 @@ class ModelOptions:
     dtype: DType = field(default="bf16", **opt("weights and compute dtype: bf16 is fast, fp32 is exact"))
     threads: int = field(default=0, **opt("CPU threads for torch (0 = torch's default)"))
     chat_template: bool = field(default=True, **opt("wrap prompts in the tokenizer's chat template (instruct models)"))
+    kernels: Kernels = field(
+        default="auto",
+        **opt(
+            "matmul kernels: 'auto' uses spectot's batch-invariant AVX2 bf16 kernel on CPUs without native bf16 "
+            "(tree forwards then cost about one token), 'torch' always uses torch's"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.threads < 0:

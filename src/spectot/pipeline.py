@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spectot.config import DraftOptions, ModelOptions
+from spectot.config import DraftOptions, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method
@@ -46,20 +46,27 @@ class Generation:
         }
 
 
-def make_proposer(options: DraftOptions, target: LoadedModel, dtype: DType) -> Proposer | None:
+def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOptions) -> Proposer | None:
     if options.draft == "none":
         return None
     if options.draft == "ngram":
         return NgramProposer(max_ngram=options.ngram_max, min_ngram=options.ngram_min)
-    draft = load_model(options.draft, dtype=dtype, device=str(target.model.device))
+    draft = load_model(options.draft, dtype=model.dtype, device=str(target.model.device))
     check_same_vocabulary(target, draft)
-    return DraftModelProposer(ModelRunner(draft.model, max_context=draft.max_context), name=options.draft)
+    runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels)
+    return DraftModelProposer(runner, name=options.draft)
 
 
 class Pipeline:
-    def __init__(self, target: LoadedModel, proposer: Proposer | None = None, chat_template: bool = True) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        proposer: Proposer | None = None,
+        chat_template: bool = True,
+        kernels: Kernels = "auto",
+    ) -> None:
         self.target = target
-        self.runner = ModelRunner(target.model, max_context=target.max_context)
+        self.runner = ModelRunner(target.model, max_context=target.max_context, kernels=kernels)
         self.proposer = proposer
         self.chat_template = chat_template and target.tokenizer.chat_template is not None
         tokenizer = target.tokenizer
@@ -79,11 +86,12 @@ class Pipeline:
         draft: str = "none",
         threads: int = 0,
         chat_template: bool = True,
+        kernels: Kernels = "auto",
         ngram_max: int = 3,
         ngram_min: int = 1,
     ) -> Pipeline:
         return cls.from_options(
-            ModelOptions(target=target, dtype=dtype, threads=threads, chat_template=chat_template),
+            ModelOptions(target=target, dtype=dtype, threads=threads, chat_template=chat_template, kernels=kernels),
             DraftOptions(draft=draft, ngram_max=ngram_max, ngram_min=ngram_min),
         )
 
@@ -92,7 +100,8 @@ class Pipeline:
         if model.threads:
             torch.set_num_threads(model.threads)
         target = load_model(model.target, dtype=model.dtype)
-        return cls(target, make_proposer(draft, target, model.dtype), chat_template=model.chat_template)
+        proposer = make_proposer(draft, target, model)
+        return cls(target, proposer, chat_template=model.chat_template, kernels=model.kernels)
 
     def encode(self, prompt: str) -> list[int]:
         tokenizer = self.target.tokenizer

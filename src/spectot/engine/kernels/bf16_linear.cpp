@@ -4,8 +4,8 @@
 //
 // Why: on AVX2-only CPUs the library bf16 GEMM converts weights again for every input row, so a
 // forward over n tree tokens costs ~n times one token. Here each 8-wide block of a weight row is
-// converted once and multiplied into up to ROWS input rows held in registers, so extra rows cost
-// FMAs, not memory traffic. Every output element is accumulated in the same order whatever the
+// converted once and multiplied into several input rows held in registers (tiles of 3 output
+// columns x 4 rows), so extra rows cost FMAs, not memory traffic. Every output element is accumulated in the same order whatever the
 // number of rows (8 lanes over k = lane mod 8, then a fixed horizontal sum), so a row's result does
 // not depend on the batch it is in: a tree forward reproduces the AR step bit for bit.
 #include <torch/extension.h>
@@ -13,11 +13,10 @@
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 namespace {
-
-constexpr int ROWS = 8;  // input rows per register block: 8 accumulators + weights + temps fit in 16 ymm
 
 inline __m256 load_bf16x8(const uint16_t* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -39,29 +38,50 @@ inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does
   return static_cast<uint16_t>(u >> 16);
 }
 
-template <int R>
-void block(const float* x, int64_t K, const uint16_t* w, float* out) {
-  // out[r] = dot(x[r, :], w[:]) for R rows; K is a multiple of 8
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv = load_bf16x8(w + k);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), wv, acc[r]);
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
-void dot_rows(const float* x, int64_t rows, int64_t K, const uint16_t* w, float* out) {
+// One micro-tile: out[r][c] = dot(x[r, :], w[c, :]) for JB weight rows (output columns) and RB
+// input rows, JB*RB accumulators in registers. Each output element is accumulated in the same order
+// (8 lanes over the multiple-of-8 part of k, fixed horizontal sum, then the tail in order) whatever
+// the tile shape, so tiling never changes a result.
+template <int JB, int RB>
+void tile(const float* x, int64_t K, const uint16_t* w, float* out, int64_t out_stride) {
+  const int64_t K8 = K - K % 8;
+  __m256 acc[JB][RB];
+  for (int c = 0; c < JB; ++c)
+    for (int r = 0; r < RB; ++r) acc[c][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[JB];
+    for (int c = 0; c < JB; ++c) wv[c] = load_bf16x8(w + c * K + k);
+    for (int r = 0; r < RB; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+      for (int c = 0; c < JB; ++c) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
+    }
+  }
+  for (int c = 0; c < JB; ++c)
+    for (int r = 0; r < RB; ++r) {
+      float sum = hsum(acc[c][r]);
+      for (int64_t k = K8; k < K; ++k) sum += x[r * K + k] * bf16_to_float(w[c * K + k]);
+      out[r * out_stride + c] = sum;
+    }
+}
+
+constexpr int JB = 3;  // output columns per tile
+constexpr int RB = 4;  // input rows per tile: 12 accumulators + 3 weights + 1 input = 16 ymm registers
+
+template <int J>
+void tile_rows(const float* x, int64_t rows, int64_t K, const uint16_t* w, float* out, int64_t out_stride) {
   int64_t r = 0;
-  for (; r + ROWS <= rows; r += ROWS) block<ROWS>(x + r * K, K, w, out + r);
+  for (; r + RB <= rows; r += RB) tile<J, RB>(x + r * K, K, w, out + r * out_stride, out_stride);
   switch (rows - r) {
-    case 7: block<7>(x + r * K, K, w, out + r); break;
-    case 6: block<6>(x + r * K, K, w, out + r); break;
-    case 5: block<5>(x + r * K, K, w, out + r); break;
-    case 4: block<4>(x + r * K, K, w, out + r); break;
-    case 3: block<3>(x + r * K, K, w, out + r); break;
-    case 2: block<2>(x + r * K, K, w, out + r); break;
-    case 1: block<1>(x + r * K, K, w, out + r); break;
+    case 3: tile<J, 3>(x + r * K, K, w, out + r * out_stride, out_stride); break;
+    case 2: tile<J, 2>(x + r * K, K, w, out + r * out_stride, out_stride); break;
+    case 1: tile<J, 1>(x + r * K, K, w, out + r * out_stride, out_stride); break;
     default: break;
   }
 }
@@ -72,7 +92,6 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && weight.scalar_type() == torch::kBFloat16, "bf16 tensors");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight (N, K) contiguous");
   const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(K % 8 == 0, "in_features must be a multiple of 8");
   TORCH_CHECK(x.size(-1) == K, "x last dim must equal in_features");
   auto out_shape = x.sizes().vec();
   out_shape.back() = N;
@@ -87,13 +106,21 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
     auto b = bias->to(torch::kFloat32).contiguous();
     bias_f.assign(b.data_ptr<float>(), b.data_ptr<float>() + N);
   }
-  // split output features across threads; each output element is computed by one thread, in one order
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> col(rows);
-    for (int64_t j = begin; j < end; ++j) {
-      dot_rows(xp, rows, K, wp + j * K, col.data());
-      const float b = bias_f.empty() ? 0.f : bias_f[j];
-      for (int64_t r = 0; r < rows; ++r) yp[r * N + j] = to_bf16(col[r] + b);
+  // split output features across threads in tiles of JB; each output element has one owner and one order
+  const int64_t tiles = (N + JB - 1) / JB;
+  at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(rows * JB);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t j0 = t * JB, width = std::min<int64_t>(JB, N - j0);
+      const uint16_t* w = wp + j0 * K;
+      if (width == JB) tile_rows<JB>(xp, rows, K, w, acc.data(), JB);
+      else if (width == 2) tile_rows<2>(xp, rows, K, w, acc.data(), JB);
+      else tile_rows<1>(xp, rows, K, w, acc.data(), JB);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < width; ++c) {
+          const float b = bias_f.empty() ? 0.f : bias_f[j0 + c];
+          yp[r * N + j0 + c] = to_bf16(acc[r * JB + c] + b);
+        }
     }
   });
   return y.view(out_shape);

@@ -1,0 +1,96 @@
+"""The `spectot` command line on a tiny local checkpoint: JSON output, errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from spectot.cli.main import main
+
+WORDS = ["<unk>", "<s>", "</s>", "<eot>"] + [f"w{i}" for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tiny_model) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", 0).save_pretrained(path)
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
+    tok.save_pretrained(path)
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_does_not_import_torch() -> None:
+    code = "import sys; from spectot.cli.main import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_generate_json_sd_equals_ar(capsys, checkpoint, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"q": "w1 w2 w3 w1 w2"}\n\n{"q": "w5 w6"}\n')
+    common = ["generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template", "--prompts", str(prompts)]
+    common += ["--field", "q", "--max-new-tokens", "12", "--json"]
+    code, out_ar, _ = run(capsys, *common, "--method", "ar")
+    assert code == 0
+    code, out_sd, _ = run(capsys, *common, "--method", "sd", "--draft", "ngram")
+    assert code == 0
+    ar = [json.loads(line) for line in out_ar.splitlines()]
+    sd = [json.loads(line) for line in out_sd.splitlines()]
+    assert len(ar) == len(sd) == 2
+    assert [r["token_ids"] for r in sd] == [r["token_ids"] for r in ar]
+    for record in sd:
+        assert set(record) >= {"text", "token_ids", "stats", "finish_reason"}
+        assert record["stats"]["new_tokens"] == len(record["token_ids"])
+        assert record["stats"]["mean_acceptance_length"] >= 1.0
+
+
+def test_malformed_prompt_line_is_named(capsys, checkpoint, tmp_path) -> None:
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"question": "w1"}\n{"question": oops}\n')
+    code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--prompts", str(prompts))
+    assert code == 2
+    assert "bad.jsonl:2" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--method", "sd", "--draft", "none"], "needs a draft"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--num-draft-tokens", "0"], "--num-draft-tokens"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_fix(capsys, checkpoint, argv: list[str], message: str) -> None:
+    code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--prompt", "w1", *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_prompt_longer_than_the_context_is_refused(capsys, checkpoint) -> None:
+    long_prompt = " ".join(["w1"] * 300)  # with 1800 new tokens: past the tiny model's 2048 positions
+    code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template",
+                       "--prompt", long_prompt, "--max-new-tokens", "1800")
+    assert code == 2
+    assert "context" in err
+
+
+def test_models_lists_the_default_alias(capsys) -> None:
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    assert "smollm2-135m" in out
