@@ -4,8 +4,8 @@
 //
 // Why: on AVX2-only CPUs the library bf16 GEMM converts weights again for every input row, so a
 // forward over n tree tokens costs ~n times one token. Here each 8-wide block of a weight row is
-// converted once and multiplied into several input rows held in registers (tiles of 3 output
-// columns x 4 rows), so extra rows cost FMAs, not memory traffic. Every output element is accumulated in the same order whatever the
+// converted once and multiplied into several input rows held in registers (tiles of output columns
+// x input rows), so extra rows cost FMAs, not memory traffic. Every output element is accumulated in the same order whatever the
 // number of rows (8 lanes over k = lane mod 8, then a fixed horizontal sum), so a row's result does
 // not depend on the batch it is in: a tree forward reproduces the AR step bit for bit.
 #include <torch/extension.h>
@@ -50,16 +50,22 @@ inline float bf16_to_float(uint16_t h) {
 // (8 lanes over the multiple-of-8 part of k, fixed horizontal sum, then the tail in order) whatever
 // the tile shape, so tiling never changes a result.
 template <int JB, int RB>
-void tile(const float* x, int64_t K, const uint16_t* w, float* out, int64_t out_stride) {
+inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const uint16_t* w, float* out,
+                                                int64_t out_stride) {
   const int64_t K8 = K - K % 8;
   __m256 acc[JB][RB];
+#pragma GCC unroll 8
   for (int c = 0; c < JB; ++c)
+#pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) acc[c][r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K8; k += 8) {
     __m256 wv[JB];
+#pragma GCC unroll 8
     for (int c = 0; c < JB; ++c) wv[c] = load_bf16x8(w + c * K + k);
+#pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
       const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+#pragma GCC unroll 8
       for (int c = 0; c < JB; ++c) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
     }
   }
@@ -71,19 +77,35 @@ void tile(const float* x, int64_t K, const uint16_t* w, float* out, int64_t out_
     }
 }
 
-constexpr int JB = 3;  // output columns per tile
-constexpr int RB = 4;  // input rows per tile: 12 accumulators + 3 weights + 1 input = 16 ymm registers
+// One output column for all rows, 8 rows at a time (then the leftover rows as one narrower block).
+template <int R>
+void column_block(const float* x, int64_t K, const uint16_t* w, float* out, int64_t ld) {
+  tile<1, R>(x, K, w, out, ld);
+}
 
-template <int J>
-void tile_rows(const float* x, int64_t rows, int64_t K, const uint16_t* w, float* out, int64_t out_stride) {
+void column(const float* x, int64_t rows, int64_t K, const uint16_t* w, float* out, int64_t ld) {
   int64_t r = 0;
-  for (; r + RB <= rows; r += RB) tile<J, RB>(x + r * K, K, w, out + r * out_stride, out_stride);
+  for (; r + 8 <= rows; r += 8) column_block<8>(x + r * K, K, w, out + r * ld, ld);
   switch (rows - r) {
-    case 3: tile<J, 3>(x + r * K, K, w, out + r * out_stride, out_stride); break;
-    case 2: tile<J, 2>(x + r * K, K, w, out + r * out_stride, out_stride); break;
-    case 1: tile<J, 1>(x + r * K, K, w, out + r * out_stride, out_stride); break;
+    case 7: column_block<7>(x + r * K, K, w, out + r * ld, ld); break;
+    case 6: column_block<6>(x + r * K, K, w, out + r * ld, ld); break;
+    case 5: column_block<5>(x + r * K, K, w, out + r * ld, ld); break;
+    case 4: column_block<4>(x + r * K, K, w, out + r * ld, ld); break;
+    case 3: column_block<3>(x + r * K, K, w, out + r * ld, ld); break;
+    case 2: column_block<2>(x + r * K, K, w, out + r * ld, ld); break;
+    case 1: column_block<1>(x + r * K, K, w, out + r * ld, ld); break;
     default: break;
   }
+}
+
+// Output columns [0, cols) for all rows. One row (an AR step): tiles of 8 columns, so 8 independent
+// FMA chains hide the FMA latency. Several rows: one column at a time with up to 8 rows in registers,
+// so each weight is converted once per forward. Both accumulate every element in the same order.
+void gemm_any(const float* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
+  int64_t c = 0;
+  if (rows == 1)
+    for (; c + 8 <= cols; c += 8) tile<8, 1>(x, K, w + c * K, out + c, ld);
+  for (; c < cols; ++c) column(x, rows, K, w + c * K, out + c, ld);
 }
 
 }  // namespace
@@ -106,20 +128,18 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
     auto b = bias->to(torch::kFloat32).contiguous();
     bias_f.assign(b.data_ptr<float>(), b.data_ptr<float>() + N);
   }
-  // split output features across threads in tiles of JB; each output element has one owner and one order
-  const int64_t tiles = (N + JB - 1) / JB;
-  at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(rows * JB);
+  // split output features across threads in chunks; each output element has one owner and one order
+  constexpr int64_t CHUNK = 64;
+  const int64_t chunks = (N + CHUNK - 1) / CHUNK;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(rows * CHUNK);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t j0 = t * JB, width = std::min<int64_t>(JB, N - j0);
-      const uint16_t* w = wp + j0 * K;
-      if (width == JB) tile_rows<JB>(xp, rows, K, w, acc.data(), JB);
-      else if (width == 2) tile_rows<2>(xp, rows, K, w, acc.data(), JB);
-      else tile_rows<1>(xp, rows, K, w, acc.data(), JB);
+      const int64_t j0 = t * CHUNK, width = std::min<int64_t>(CHUNK, N - j0);
+      gemm_any(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < width; ++c) {
           const float b = bias_f.empty() ? 0.f : bias_f[j0 + c];
-          yp[r * N + j0 + c] = to_bf16(acc[r * JB + c] + b);
+          yp[r * N + j0 + c] = to_bf16(acc[r * CHUNK + c] + b);
         }
     }
   });
