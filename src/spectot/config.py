@@ -46,12 +46,15 @@ class DraftOptions:
     num_draft_tokens: int = field(default=5, **opt("k: draft tokens verified per target forward (sd)"))
     ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))
     ngram_min: int = field(default=1, **opt("shortest n-gram the prompt-lookup draft matches"))
+    ngram_width: int = field(default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches"))
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError(f"--num-draft-tokens must be >= 1, got {self.num_draft_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, {self.ngram_max}")
+        if self.ngram_width < 1:
+            raise ValueError(f"--ngram-width must be >= 1, got {self.ngram_width}")
 
 
 @dataclass(frozen=True)
@@ -100,3 +103,22 @@ class BenchGenerateOptions:
     tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
     prompt_lookup_tokens: int = field(default=10, **opt("transformers prompt_lookup_num_tokens"))
     repeats: int = field(default=1, **opt("timed passes per method (the best is reported)"))
+
+
+@dataclass(frozen=True)
+class TreeSequoiaOptions:
+    acceptance: str = field(
+        default="",
+        **opt("acceptance vector: comma-separated p_1,p_2,... or a JSON file with an 'acceptance' list (tree measure)"),
+    )
+    budget: int = field(default=16, **opt("tree size n: nodes including the root"))
+    max_depth: int = field(default=0, **opt("depth bound d, root = depth 1 (0 = unbounded)"))
+    json: bool = field(default=False, **opt("print the tree and G(n, d) as JSON"))
+
+    def __post_init__(self) -> None:
+        if not self.acceptance:
+            raise ValueError("--acceptance is required: e.g. --acceptance 0.6,0.2,0.1 or a JSON file")
+        if self.budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {self.budget}")
+        if self.max_depth < 0:
+            raise ValueError(f"--max-depth must be >= 0 (0 = unbounded), got {self.max_depth}")

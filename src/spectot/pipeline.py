@@ -50,7 +50,7 @@ def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOption
     if options.draft == "none":
         return None
     if options.draft == "ngram":
-        return NgramProposer(max_ngram=options.ngram_max, min_ngram=options.ngram_min)
+        return NgramProposer(max_ngram=options.ngram_max, min_ngram=options.ngram_min, width=options.ngram_width)
     draft = load_model(options.draft, dtype=model.dtype, device=str(target.model.device))
     check_same_vocabulary(target, draft)
     runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels)

@@ -393,6 +393,7 @@ def dist_models(tiny_llama):
         pytest.param("model", DIST_PROMPT, 200, id="draft-model"),
         # deterministic drafts, verified as one-hot q (the prompt repeats, so lookups hit)
         pytest.param("ngram", [1, 2, 3, 1, 2], 120, id="ngram"),
+        pytest.param("ngram-tree", [1, 2, 3, 1, 2, 0, 1, 3], 120, id="ngram-tree"),
     ],
 )
 def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, prompt: list[int], calls: int) -> None:
@@ -403,7 +404,7 @@ def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, pro
         assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
         proposer = DraftModelProposer(ModelRunner(draft_model))
     else:
-        proposer = NgramProposer()
+        proposer = NgramProposer(width=3 if draft == "ngram-tree" else 1)
 
     decoder = Decoder(ModelRunner(target), (), proposer)
     counts, proposed, accepted = sample_counts(decoder, "sd", prompt, calls)

@@ -8,7 +8,14 @@ import logging
 import sys
 
 from spectot.cli.flags import add_flags, from_flags
-from spectot.config import BenchGenerateOptions, DraftOptions, GenerateOptions, ModelOptions, SamplingOptions
+from spectot.config import (
+    BenchGenerateOptions,
+    DraftOptions,
+    GenerateOptions,
+    ModelOptions,
+    SamplingOptions,
+    TreeSequoiaOptions,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         add_flags(gen, cls)
 
     commands.add_parser("models", help="list model aliases and cached models")
+
+    tree = commands.add_parser("tree", help="token-tree tools")
+    tree_commands = tree.add_subparsers(dest="tree", required=True)
+    add_flags(tree_commands.add_parser("sequoia", help="Sequoia's DP-optimal tree for an acceptance vector"), TreeSequoiaOptions)
 
     bench = commands.add_parser("bench", help="benchmarks that write JSON, Markdown and PNG")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
@@ -42,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "models":
             return _models()
+        if args.command == "tree" and args.tree == "sequoia":
+            return _tree_sequoia(from_flags(args, TreeSequoiaOptions))
         if args.command == "bench" and args.bench == "generate":
             from spectot.bench.generate import run_bench_generate
 
@@ -116,4 +129,35 @@ def _models() -> int:
         if path not in known:
             table.add_row(path.name, "cached checkpoint", str(path))
     Console().print(table)
+    return 0
+
+
+def _tree_sequoia(options: TreeSequoiaOptions) -> int:
+    import math
+    from pathlib import Path
+
+    from spectot.spec.trees.sequoia import sequoia_tree
+
+    text = options.acceptance
+    if Path(text).is_file():
+        try:
+            acceptance = json.loads(Path(text).read_text())["acceptance"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{text}: expected a JSON object with an 'acceptance' list ({err})") from None
+    else:
+        try:
+            acceptance = [float(x) for x in text.split(",")]
+        except ValueError:
+            raise ValueError(f"--acceptance: '{text}' is neither a file nor comma-separated numbers") from None
+    result = sequoia_tree(acceptance, options.budget, options.max_depth or None)
+    table = [[None if math.isinf(v) else v for v in row[1:]] for row in result.table[1:]]
+    if options.json:
+        print(json.dumps({"parents": result.parents, "expected_tokens": result.expected_tokens, "G": table,
+                          "G_index": "G[n-1][d-1] = best expected tokens for n nodes, depth <= d"}))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"Sequoia tree: {options.budget} nodes, expected tokens per step {result.expected_tokens:.3f}")
+    console.print(f"parents: {result.parents}")
     return 0

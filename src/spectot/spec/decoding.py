@@ -4,7 +4,8 @@ streams, every step one target forward over all of them.
 Each stream holds its committed tokens in the target's KV cache plus one *pending* token (sampled,
 not yet run). A step is: propose drafts (sd) -> one batched forward over each stream's chain
 [pending, x_1..x_k] -> verify -> commit the accepted path -> emit accepted + recovered/bonus tokens,
-cut at EOS, stop strings or max_new_tokens.
+cut at EOS, stop strings or max_new_tokens. A draft may be a token tree (``Draft.parents``): the
+forward then covers the tree and verification follows the accepted root-to-leaf path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from spectot.engine.token_tree import TokenTree
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer
 from spectot.spec.sampling import SamplingParams, sample, target_probs
 from spectot.spec.stats import DecodeStats
-from spectot.spec.verify import Verdict, verify_chain, verify_chain_greedy
+from spectot.spec.tree_verify import verify_tree
+from spectot.spec.verify import verify_chain, verify_chain_greedy
 
 Method = Literal["ar", "sd"]
 FinishReason = Literal["eos", "stop", "length"]
@@ -123,18 +125,17 @@ class Decoder:
     def _step(self, active: list[_Stream], config: DecodeConfig, generator, batch: DecodeStats) -> None:
         drafts = self._propose(active, config, generator, batch)
         t = time.perf_counter()
-        trees = [StreamTree(s.sid, TokenTree.chain(torch.cat([s.tokens[-1:], d.tokens]))) for s, d in zip(active, drafts)]
-        # s.tokens[-1] is the pending token: already emitted, not yet run through the target
+        trees = [StreamTree(s.sid, d.tree(root=s.generated[-1])) for s, d in zip(active, drafts)]
+        # the root is the pending token: already emitted, not yet run through the target
         out = self.runner.forward(trees)
         batch.target_forwards += 1
-        accepted: dict[int, range] = {}
-        for s, d, logits in zip(active, drafts, out.logits):
-            verdict = self._verify(d, logits, config.sampling, generator)
-            s.stats.record_step(d.tokens.numel(), verdict.num_accepted)
-            new = d.tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
-            kept = self._emit(s, new, config)
+        accepted: dict[int, list[int]] = {}
+        for s, d, st, logits in zip(active, drafts, trees, out.logits):
+            path, next_token = self._verify(d, st.tree, logits, config.sampling, generator)
+            s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
+            kept = self._emit(s, st.tree.tokens[path[1:]].tolist() + [next_token], config)
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
-            accepted[s.sid] = range(1 + min(kept, verdict.num_accepted))
+            accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
         self.runner.commit(accepted)
         batch.time_verify += time.perf_counter() - t
 
@@ -154,10 +155,19 @@ class Decoder:
         return drafts
 
     @staticmethod
-    def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingParams, generator) -> Verdict:
+    def _verify(
+        draft: Draft, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams, generator
+    ) -> tuple[list[int], int]:
+        """-> (accepted root-to-node path, recovered or bonus token)."""
+        if draft.parents is not None:  # a tree of deterministic drafts
+            rule = "greedy" if sampling.greedy else "deterministic"
+            verdict = verify_tree(tree, target_probs(logits, sampling), None, rule, generator)
+            return verdict.path, verdict.next_token
         if sampling.greedy:
-            return verify_chain_greedy(draft.tokens, logits.argmax(-1))
-        return verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, generator)
+            chain = verify_chain_greedy(draft.tokens, logits.argmax(-1))
+        else:
+            chain = verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, generator)
+        return list(range(chain.num_accepted + 1)), chain.next_token
 
     @staticmethod
     def _sample_one(logits: torch.Tensor, sampling: SamplingParams, generator) -> int:

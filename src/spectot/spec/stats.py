@@ -28,11 +28,14 @@ class DecodeStats:
     time_verify: float = 0.0
     time_total: float = 0.0
 
-    def record_step(self, proposed: int, accepted: int) -> None:
+    def record_step(self, proposed: int, accepted: int, depth: int | None = None) -> None:
+        """One verification: ``proposed`` draft tokens (tree nodes), ``accepted`` of them on the path,
+        ``depth`` the draft's depth (a chain's is its length). Position i = depth i."""
         self.verify_steps += 1
         self.proposed += proposed
         self.accepted += accepted
-        reached = min(proposed, accepted + 1)  # positions after the first rejection were never tested
+        depth = proposed if depth is None else depth
+        reached = min(depth, accepted + 1)  # depths after the first rejection were never tested
         grow = reached - len(self.reached_by_position)
         if grow > 0:
             self.reached_by_position += [0] * grow

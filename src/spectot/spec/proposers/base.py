@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from spectot.engine.token_tree import TokenTree
 from spectot.spec.sampling import SamplingParams
 
 
@@ -26,12 +27,30 @@ class DraftRequest:
 
 @dataclass(frozen=True)
 class Draft:
-    tokens: torch.Tensor  # (k',) int64, k' <= k (may be empty: nothing worth verifying)
-    q: torch.Tensor | None  # (k', V) float32 draft probabilities, None = deterministic (one-hot)
+    """Draft tokens for one stream: a chain, or a tree when ``parents`` is given.
+
+    Tree example: tokens [a, b, c], parents [-1, -1, 0] -> a and b are alternatives for the next
+    token (children of the pending token), c follows a. Tree drafts are deterministic (q is None).
+    """
+
+    tokens: torch.Tensor  # (k',) int64 (may be empty: nothing worth verifying)
+    q: torch.Tensor | None  # chains: (k', V) float32 draft probabilities, None = deterministic (one-hot)
+    parents: torch.Tensor | None = None  # (k',) int64 parent within the draft, -1 = the pending token
+
+    def __post_init__(self) -> None:
+        if self.parents is not None and self.q is not None:
+            raise ValueError("tree drafts are verified as deterministic: pass q=None with parents")
 
     @classmethod
     def empty(cls) -> Draft:
         return cls(torch.empty(0, dtype=torch.int64), None)
+
+    def tree(self, root: int) -> TokenTree:
+        """The verification tree: the pending token ``root`` with this draft below it."""
+        tokens = torch.cat([torch.tensor([root], dtype=torch.int64), self.tokens])
+        if self.parents is None:
+            return TokenTree.chain(tokens)
+        return TokenTree(tokens, torch.cat([torch.tensor([-1]), self.parents + 1]))
 
 
 class Proposer(Protocol):

@@ -2,7 +2,8 @@
 
 If the last n tokens occurred earlier in the stream (prompt or generated text), propose what
 followed their latest earlier occurrence. Tries n = max_ngram down to min_ngram. The draft is
-deterministic, so it is verified with a one-hot q.
+deterministic, so it is verified with a one-hot q. With ``width`` > 1 the continuations of the
+``width`` latest distinct matches are merged into a token tree (a trie; the latest match ranks first).
 """
 
 from __future__ import annotations
@@ -31,23 +32,70 @@ def lookup_continuation(tokens: torch.Tensor, k: int, max_ngram: int = 3, min_ng
     return tokens[:0]
 
 
+def lookup_continuations(
+    tokens: torch.Tensor, k: int, width: int, max_ngram: int = 3, min_ngram: int = 1
+) -> list[torch.Tensor]:
+    """Up to ``width`` distinct continuations (k tokens at most) of the trailing n-gram's earlier
+    matches, latest first; the longest n with any match wins."""
+    n_tokens = tokens.numel()
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        windows = tokens[: n_tokens - 1].unfold(0, n, 1)
+        hits = (windows == tokens[n_tokens - n :]).all(1).nonzero().squeeze(1).tolist()  # host sync
+        found: dict[tuple[int, ...], torch.Tensor] = {}
+        for start in reversed(hits):
+            continuation = tokens[start + n : start + n + k]
+            found.setdefault(tuple(continuation.tolist()), continuation)
+            if len(found) == width:
+                break
+        if found:
+            return list(found.values())
+    return []
+
+
+def trie(continuations: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge token sequences into a tree: (tokens, parents) with -1 = the root they hang from.
+
+    Example: [5, 6], [5, 7], [8] -> tokens [5, 6, 7, 8], parents [-1, 0, 0, -1].
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    node_of: dict[tuple[int, int], int] = {}
+    for seq in continuations:
+        parent = -1
+        for token in seq.tolist():
+            if (parent, token) not in node_of:
+                node_of[(parent, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+            parent = node_of[(parent, token)]
+    return torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64)
+
+
 @dataclass
 class NgramProposer:
     max_ngram: int = 3
     min_ngram: int = 1
+    width: int = 1  # > 1: a tree of the latest `width` distinct continuations
     name: str = "ngram"
     forwards: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if self.width < 1:
+            raise ValueError(f"the n-gram tree width must be >= 1, got {self.width}")
 
     def propose(
         self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
     ) -> list[Draft]:
-        return [
-            Draft(lookup_continuation(r.tokens, r.k, self.max_ngram, self.min_ngram), None) for r in requests
-        ]
+        if self.width == 1:
+            return [Draft(lookup_continuation(r.tokens, r.k, self.max_ngram, self.min_ngram), None) for r in requests]
+        drafts = []
+        for r in requests:
+            found = lookup_continuations(r.tokens, r.k, self.width, self.max_ngram, self.min_ngram)
+            tokens, parents = trie(found)
+            drafts.append(Draft(tokens, None, parents) if len(found) > 1 else Draft(tokens, None))
+        return drafts
 
     def release(self, key: int) -> None:
         pass
