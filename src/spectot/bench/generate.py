@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.config import BenchGenerateOptions, ModelOptions
+from spectot.config import BenchGenerateOptions, DraftOptions, ModelOptions
 from spectot.data.jsonl import read_field
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.models.registry import spectot_home
 from spectot.pipeline import Pipeline
+from spectot.spec.decoding import DecodeConfig
 from spectot.spec.proposers.ngram import NgramProposer
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,6 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
 
     def spectot(prompt: list[int], method: str) -> tuple[list[int], dict]:
         pipe.decoder.proposer = ngram if method == "sd" else None
-        from spectot.spec.decoding import DecodeConfig
-
         res = pipe.decoder.generate([prompt], DecodeConfig(max_new_tokens=opts.max_new_tokens, method=method))[0]
         return res.token_ids, res.stats.to_dict()
 
@@ -134,9 +133,7 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
     return result
 
 
-def _no_draft():
-    from spectot.config import DraftOptions
-
+def _no_draft() -> DraftOptions:
     return DraftOptions(draft="none")
 
 

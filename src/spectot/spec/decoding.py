@@ -11,7 +11,7 @@ forward then covers the tree and verification follows the accepted root-to-leaf 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -73,7 +73,7 @@ class Decoder:
         runner: ModelRunner,
         eos_token_ids: Sequence[int] = (),
         proposer: Proposer | None = None,
-        detokenize: object | None = None,  # callable(list[int]) -> str, needed for stop strings
+        detokenize: Callable[[list[int]], str] | None = None,  # needed for stop strings
     ) -> None:
         self.runner = runner
         self.eos = frozenset(eos_token_ids)
