@@ -193,10 +193,6 @@ class ModelRunner:
         self._pending: _Pending | None = None
         self._linear = pick_linear(self.dtype, self.device, kernels)
 
-    @property
-    def num_layers(self) -> int:
-        return len(self._layers)
-
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
         return self.cache.new_stream(fork_of)
@@ -280,10 +276,13 @@ class ModelRunner:
             x = x + linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)  # SwiGLU MLP
             if hidden_index == i + 1 < len(self._layers):
                 hidden = x[0]
-        x = self._norm(x[0])
-        if hidden_index == len(self._layers):
+        final_hidden = hidden_index == len(self._layers)
+        x = x[0] if rows is None or final_hidden else x[0, rows]  # the norm is per row: select first
+        x = self._norm(x)
+        if final_hidden:
             hidden = x
-        return linear(x if rows is None else x[rows], self._lm_head.weight, self._lm_head.bias), hidden
+            x = x if rows is None else x[rows]
+        return linear(x, self._lm_head.weight, self._lm_head.bias), hidden
 
     def _attention(
         self,

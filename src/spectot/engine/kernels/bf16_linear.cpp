@@ -5,9 +5,10 @@
 // Why: on AVX2-only CPUs the library bf16 GEMM converts weights again for every input row, so a
 // forward over n tree tokens costs ~n times one token. Here each 8-wide block of a weight row is
 // converted once and multiplied into several input rows held in registers (tiles of output columns
-// x input rows), so extra rows cost FMAs, not memory traffic. Every output element is accumulated in the same order whatever the
-// number of rows (8 lanes over k = lane mod 8, then a fixed horizontal sum), so a row's result does
-// not depend on the batch it is in: a tree forward reproduces the AR step bit for bit.
+// x input rows), so extra rows cost FMAs, not memory traffic. Every output element is accumulated in
+// the same order whatever the number of rows (8 lanes over k = lane mod 8, then a fixed horizontal
+// sum), so a row's result does not depend on the batch it is in: a tree forward reproduces the AR
+// step bit for bit.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -78,22 +79,17 @@ inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const
 }
 
 // One output column for all rows, 8 rows at a time (then the leftover rows as one narrower block).
-template <int R>
-void column_block(const float* x, int64_t K, const uint16_t* w, float* out, int64_t ld) {
-  tile<1, R>(x, K, w, out, ld);
-}
-
 void column(const float* x, int64_t rows, int64_t K, const uint16_t* w, float* out, int64_t ld) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) column_block<8>(x + r * K, K, w, out + r * ld, ld);
+  for (; r + 8 <= rows; r += 8) tile<1, 8>(x + r * K, K, w, out + r * ld, ld);
   switch (rows - r) {
-    case 7: column_block<7>(x + r * K, K, w, out + r * ld, ld); break;
-    case 6: column_block<6>(x + r * K, K, w, out + r * ld, ld); break;
-    case 5: column_block<5>(x + r * K, K, w, out + r * ld, ld); break;
-    case 4: column_block<4>(x + r * K, K, w, out + r * ld, ld); break;
-    case 3: column_block<3>(x + r * K, K, w, out + r * ld, ld); break;
-    case 2: column_block<2>(x + r * K, K, w, out + r * ld, ld); break;
-    case 1: column_block<1>(x + r * K, K, w, out + r * ld, ld); break;
+    case 7: tile<1, 7>(x + r * K, K, w, out + r * ld, ld); break;
+    case 6: tile<1, 6>(x + r * K, K, w, out + r * ld, ld); break;
+    case 5: tile<1, 5>(x + r * K, K, w, out + r * ld, ld); break;
+    case 4: tile<1, 4>(x + r * K, K, w, out + r * ld, ld); break;
+    case 3: tile<1, 3>(x + r * K, K, w, out + r * ld, ld); break;
+    case 2: tile<1, 2>(x + r * K, K, w, out + r * ld, ld); break;
+    case 1: tile<1, 1>(x + r * K, K, w, out + r * ld, ld); break;
     default: break;
   }
 }
