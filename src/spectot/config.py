@@ -20,7 +20,9 @@ def opt(help: str, **kw) -> dict:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    target: str = field(default="smollm2-135m", **opt("target model: alias (see `spectot models`), local path or hub id"))
+    target: str = field(
+        default="smollm2-135m", **opt("target model: alias (see `spectot models`), local path or hub id")
+    )
     dtype: DType = field(default="bf16", **opt("weights and compute dtype: bf16 is fast, fp32 is exact"))
     threads: int = field(default=0, **opt("CPU threads for torch (0 = torch's default)"))
     chat_template: bool = field(default=True, **opt("wrap prompts in the tokenizer's chat template (instruct models)"))
@@ -46,7 +48,9 @@ class DraftOptions:
     num_draft_tokens: int = field(default=5, **opt("k: draft tokens verified per target forward (sd)"))
     ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))
     ngram_min: int = field(default=1, **opt("shortest n-gram the prompt-lookup draft matches"))
-    ngram_width: int = field(default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches"))
+    ngram_width: int = field(
+        default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches")
+    )
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
@@ -122,3 +126,48 @@ class TreeSequoiaOptions:
             raise ValueError(f"--budget must be >= 1, got {self.budget}")
         if self.max_depth < 0:
             raise ValueError(f"--max-depth must be >= 0 (0 = unbounded), got {self.max_depth}")
+
+
+@dataclass(frozen=True)
+class TrainDraftOptions:
+    kind: Literal["edd", "vdm"] = field(
+        default="edd", **opt("edd: one layer reading the target's hidden states; vdm: small independent draft")
+    )
+    corpus: tuple[str, ...] = field(
+        default=(),
+        **opt(
+            "JSONL corpus file (repeatable): `spectot generate --json` output, GSM8K question/answer, or {'text'}",
+            action="append",
+        ),
+    )
+    out: str = field(default="runs/draft", **opt("output folder: draft.safetensors + draft.json, checkpoint, features"))
+    features: str = field(
+        default="", **opt("folder for the target's extracted features (default OUT/features; share it between runs)")
+    )
+    layers: int = field(default=0, **opt("decoder layers (0 = 1 for edd, 2 for vdm)"))
+    hidden_layer: int = field(default=-4, **opt("target hidden_states index EDD reads (-4 = 4th-to-last)"))
+    no_hidden: bool = field(default=False, **opt("ablation: train an EDD-shaped draft without the hidden states"))
+    head_vocab: int = field(default=8192, **opt("draft head size: the corpus's most frequent tokens (q = 0 elsewhere)"))
+    top_k: int = field(default=64, **opt("target probabilities kept per token for the KL loss"))
+    max_len: int = field(default=384, **opt("tokens per corpus sequence at most"))
+    block_min: int = field(default=5, **opt("shortest dual-block length L"))
+    block_max: int = field(default=10, **opt("longest dual-block length L"))
+    loss: Literal["kl", "ce"] = field(
+        default="kl", **opt("kl: KL(P_target || P_draft); ce: cross-entropy on the target's argmax")
+    )
+    lr: float = field(default=1e-4, **opt("AdamW learning rate"))
+    batch_tokens: int = field(default=2048, **opt("padded tokens per training batch"))
+    epochs: float = field(default=1.0, **opt("passes over the corpus"))
+    seed: int = field(default=0, **opt("seed: data order and block lengths"))
+    checkpoint_minutes: float = field(default=5.0, **opt("minutes between checkpoints"))
+    resume: bool = field(default=False, **opt("continue from OUT/checkpoint.pt"))
+
+    def __post_init__(self) -> None:
+        if not self.corpus:
+            raise ValueError("--corpus is required (repeatable): e.g. --corpus ../shared/data/gsm8k/train.jsonl")
+        if not 1 <= self.block_min <= self.block_max:
+            raise ValueError(f"need 1 <= --block-min <= --block-max, got {self.block_min}, {self.block_max}")
+        if self.layers < 0 or self.head_vocab < 2 or self.top_k < 1 or self.max_len < 2:
+            raise ValueError("--layers >= 0, --head-vocab >= 2, --top-k >= 1 and --max-len >= 2 are required")
+        if not (self.lr > 0 and self.epochs > 0 and self.batch_tokens > 0):
+            raise ValueError("--lr, --epochs and --batch-tokens must be positive")

@@ -14,6 +14,7 @@ from spectot.config import (
     GenerateOptions,
     ModelOptions,
     SamplingOptions,
+    TrainDraftOptions,
     TreeSequoiaOptions,
 )
 
@@ -33,7 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     tree = commands.add_parser("tree", help="token-tree tools")
     tree_commands = tree.add_subparsers(dest="tree", required=True)
-    add_flags(tree_commands.add_parser("sequoia", help="Sequoia's DP-optimal tree for an acceptance vector"), TreeSequoiaOptions)
+    add_flags(
+        tree_commands.add_parser("sequoia", help="Sequoia's DP-optimal tree for an acceptance vector"),
+        TreeSequoiaOptions,
+    )
+
+    train = commands.add_parser("train-draft", help="train an EDD or VDM draft for a target (resumable)")
+    for cls in (ModelOptions, TrainDraftOptions):
+        add_flags(train, cls)
 
     bench = commands.add_parser("bench", help="benchmarks that write JSON, Markdown and PNG")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
@@ -45,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not args.verbose:
         _quiet_transformers()
     try:
@@ -55,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             return _models()
         if args.command == "tree" and args.tree == "sequoia":
             return _tree_sequoia(from_flags(args, TreeSequoiaOptions))
+        if args.command == "train-draft":
+            return _train_draft(from_flags(args, ModelOptions), from_flags(args, TrainDraftOptions))
         if args.command == "bench" and args.bench == "generate":
             from spectot.bench.generate import run_bench_generate
 
@@ -81,7 +93,11 @@ def _generate(args: argparse.Namespace) -> int:
     from spectot.data.jsonl import read_field
     from spectot.pipeline import Pipeline
 
-    prompts = [options.prompt] if options.prompt is not None else read_field(options.prompts, options.field_name, options.limit)
+    prompts = (
+        [options.prompt]
+        if options.prompt is not None
+        else read_field(options.prompts, options.field_name, options.limit)
+    )
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
     outs = pipe.generate(
         prompts,
@@ -112,6 +128,33 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_draft(model: ModelOptions, options: TrainDraftOptions) -> int:
+    from rich.console import Console
+
+    from spectot.bench.progress import progress_bar
+    from spectot.train.job import run_train_draft
+
+    console = Console(stderr=True)
+    with progress_bar() as bar:
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, done: int, total: int, **metrics: float) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            detail = " ".join(f"{k}={v:.3g}" for k, v in metrics.items())
+            bar.update(tasks[stage], completed=done, description=f"{stage} {detail}".strip())
+
+        result = run_train_draft(model, options, report)
+    for issue in result["corpus"]["skipped_lines"]:
+        console.print(f"skipped {issue['path']} line {issue['line']}: {issue['reason']}", markup=False)
+    train = result["train"]
+    console.print(
+        f"{options.kind} draft saved to {options.out}: {train['steps']} steps, {train['tokens']} tokens, "
+        f"final loss {train['final_loss']:.4f}, head covers {result['head_coverage']:.1%} of corpus tokens"
+    )
+    return 0
+
+
 def _models() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -123,7 +166,11 @@ def _models() -> int:
         table.add_column(col)
     for alias in ALIASES:
         path = alias_path(alias)
-        table.add_row(alias.name, alias.description, str(path) if (path / "config.json").exists() else f"not yet ({alias.install})")
+        table.add_row(
+            alias.name,
+            alias.description,
+            str(path) if (path / "config.json").exists() else f"not yet ({alias.install})",
+        )
     known = {alias_path(a) for a in ALIASES}
     for path in cached_models():
         if path not in known:
@@ -152,8 +199,16 @@ def _tree_sequoia(options: TreeSequoiaOptions) -> int:
     result = sequoia_tree(acceptance, options.budget, options.max_depth or None)
     table = [[None if math.isinf(v) else v for v in row[1:]] for row in result.table[1:]]
     if options.json:
-        print(json.dumps({"parents": result.parents, "expected_tokens": result.expected_tokens, "G": table,
-                          "G_index": "G[n-1][d-1] = best expected tokens for n nodes, depth <= d"}))
+        print(
+            json.dumps(
+                {
+                    "parents": result.parents,
+                    "expected_tokens": result.expected_tokens,
+                    "G": table,
+                    "G_index": "G[n-1][d-1] = best expected tokens for n nodes, depth <= d",
+                }
+            )
+        )
         return 0
     from rich.console import Console
 

@@ -94,7 +94,9 @@ def _fuse(modules: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     biases = [m.bias for m in modules]
     if all(b is None for b in biases):
         return fused, None
-    return fused, torch.cat([b.data if b is not None else fused.new_zeros(m.weight.shape[0]) for b, m in zip(biases, modules)])
+    return fused, torch.cat(
+        [b.data if b is not None else fused.new_zeros(m.weight.shape[0]) for b, m in zip(biases, modules)]
+    )
 
 
 @dataclass(frozen=True)
@@ -142,15 +144,20 @@ class _Layer:
 
 @dataclass(frozen=True)
 class StreamTree:
-    """A tree to append to one stream in a batched forward."""
+    """A tree to append to one stream in a batched forward.
+
+    ``embeds`` replaces the token embeddings of the tree's nodes: a draft decoder (EDD) feeds the
+    target's hidden states this way as a soft prompt; ``tree.tokens`` then only label the nodes.
+    """
 
     stream: int
     tree: TokenTree
+    embeds: torch.Tensor | None = None  # (n, H) in the model's dtype, or None: embed tree.tokens
 
 
 @dataclass
 class ForwardOutput:
-    logits: list[torch.Tensor]  # per stream tree: (n_s, V) float32 on the host, or (1, V) with last_only
+    logits: list[torch.Tensor]  # per stream tree: (n_s, V) float32 on the host; (r_s, V) for the requested rows
     hidden: list[torch.Tensor] | None  # per stream tree: (n_s, H) at the chosen layer
 
 
@@ -208,12 +215,18 @@ class ModelRunner:
 
     # -- forward ---------------------------------------------------------------------------
     def forward(
-        self, trees: Sequence[StreamTree], *, last_only: bool = False, hidden_layer: int | None = None
+        self,
+        trees: Sequence[StreamTree],
+        *,
+        last_only: bool = False,
+        logit_rows: Sequence[Sequence[int]] | None = None,
+        hidden_layer: int | None = None,
     ) -> ForwardOutput:
         """Run every stream's tree in one forward. ``last_only``: logits of each tree's last node
-        only (a prefill or plain AR step). ``hidden_layer``: also return that hidden state
-        (transformers' ``hidden_states`` index: 0 = embeddings, i = output of decoder layer i, the
-        last = after the final norm; negative counts from the end)."""
+        only (a prefill or plain AR step); ``logit_rows``: logits of these nodes of each tree only
+        (a drafter growing a tree needs its frontier). ``hidden_layer``: also return that hidden
+        state for every node (transformers' ``hidden_states`` index: 0 = embeddings, i = output of
+        decoder layer i, the last = after the final norm; negative counts from the end)."""
         if self._pending is not None:
             raise RuntimeError("commit() the previous forward before running the next one")
         if not trees:
@@ -232,20 +245,36 @@ class ModelRunner:
         total = sum(sizes)
         start = self.cache.reserve(total)
         tokens = torch.cat([st.tree.tokens for st in trees]).to(self.device)
+        embeds = self._embeds(trees, tokens)
         positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
         mask = self._tree_mask(trees, offsets, start, total)
+        if last_only:
+            logit_rows = [[n - 1] for n in sizes]
         rows = (
-            torch.tensor([o + n - 1 for o, n in zip(offsets, sizes)], device=self.device) if last_only else None
+            None
+            if logit_rows is None
+            else torch.tensor(
+                [o + r for o, rs in zip(offsets, logit_rows) for r in rs], dtype=torch.int64, device=self.device
+            )
         )
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
         with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
-            logits, hidden = self._run(tokens, positions, mask, start, rows, hidden_index)
+            logits, hidden = self._run(embeds, positions, mask, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
-        per_stream = list(logits.split(1 if last_only else sizes))
+        per_stream = list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
         hidden_out = None if hidden is None else list(hidden.split(sizes))
         return ForwardOutput(per_stream, hidden_out)
+
+    def _embeds(self, trees: Sequence[StreamTree], tokens: torch.Tensor) -> torch.Tensor:
+        """(N, H): the token embeddings, or the trees' own input vectors where given."""
+        with torch.inference_mode():
+            x = self._embed(tokens)
+        if all(st.embeds is None for st in trees):
+            return x
+        parts = x.split([len(st.tree) for st in trees])
+        return torch.cat([p if st.embeds is None else st.embeds.to(p) for p, st in zip(parts, trees)])
 
     def _tree_mask(self, trees: Sequence[StreamTree], offsets: list[int], start: int, total: int) -> torch.Tensor:
         """Additive float64 mask (N, start + N): 0 where a new token may attend, -inf elsewhere."""
@@ -259,7 +288,7 @@ class ModelRunner:
 
     def _run(
         self,
-        tokens: torch.Tensor,  # (N,)
+        embeds: torch.Tensor,  # (N, H)
         positions: torch.Tensor,  # (N,)
         mask: torch.Tensor,  # (N, S) float64
         start: int,
@@ -267,7 +296,7 @@ class ModelRunner:
         hidden_index: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         linear = self._linear
-        x = self._embed(tokens)[None]  # (1, N, H)
+        x = embeds[None]  # (1, N, H)
         cos, sin = self._rotary(x, positions[None])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):

@@ -61,6 +61,7 @@ class _Stream:
     generated: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     finish: FinishReason | None = None
+    unseen_hidden: list[torch.Tensor] = field(default_factory=list)  # target hidden states not yet given to the draft
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -79,6 +80,8 @@ class Decoder:
         self.eos = frozenset(eos_token_ids)
         self.proposer = proposer
         self.detokenize = detokenize
+        # a draft decoder (EDD) reads the target's hidden states of verified tokens from this layer
+        self.hidden_layer: int | None = getattr(proposer, "hidden_layer", None)
 
     def generate(self, prompts: Sequence[Sequence[int]], config: DecodeConfig) -> list[StreamResult]:
         if config.method == "sd" and self.proposer is None:
@@ -115,10 +118,13 @@ class Decoder:
     # -- phases ----------------------------------------------------------------------------
     def _prefill(self, streams: list[_Stream], config: DecodeConfig, generator, batch: DecodeStats) -> None:
         """Run every prompt but its last token's successor; the first new token becomes pending."""
-        out = self.runner.forward([StreamTree(s.sid, TokenTree.chain(s.prompt)) for s in streams], last_only=True)
+        trees = [StreamTree(s.sid, TokenTree.chain(s.prompt)) for s in streams]
+        out = self.runner.forward(trees, last_only=True, hidden_layer=self._hidden_layer(config))
         self.runner.commit_all()
         batch.target_forwards += 1
-        for s, logits in zip(streams, out.logits):
+        for i, (s, logits) in enumerate(zip(streams, out.logits)):
+            if out.hidden is not None:
+                s.unseen_hidden.append(out.hidden[i])
             s.stats.prompt_tokens = len(s.prompt)
             self._emit(s, [self._sample_one(logits[0], config.sampling, generator)], config)
 
@@ -127,15 +133,17 @@ class Decoder:
         t = time.perf_counter()
         trees = [StreamTree(s.sid, d.tree(root=s.generated[-1])) for s, d in zip(active, drafts)]
         # the root is the pending token: already emitted, not yet run through the target
-        out = self.runner.forward(trees)
+        out = self.runner.forward(trees, hidden_layer=self._hidden_layer(config))
         batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
-        for s, d, st, logits in zip(active, drafts, trees, out.logits):
+        for i, (s, d, st, logits) in enumerate(zip(active, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, config.sampling, generator)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             kept = self._emit(s, st.tree.tokens[path[1:]].tolist() + [next_token], config)
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
+            if out.hidden is not None:
+                s.unseen_hidden.append(out.hidden[i][accepted[s.sid]])
         self.runner.commit(accepted)
         batch.time_verify += time.perf_counter() - t
 
@@ -145,23 +153,33 @@ class Decoder:
         t = time.perf_counter()
         requests = [
             # never draft past max_new_tokens: the last token of the budget is always a target token
-            DraftRequest(s.key, s.tokens, min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1))
+            DraftRequest(
+                s.key,
+                s.tokens,
+                min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1),
+                torch.cat(s.unseen_hidden) if s.unseen_hidden else None,
+            )
             for s in active
         ]
+        for s in active:
+            s.unseen_hidden = []
         before = self.proposer.forwards
         drafts = self.proposer.propose(requests, config.sampling, generator)
         batch.draft_forwards += self.proposer.forwards - before
         batch.time_draft += time.perf_counter() - t
         return drafts
 
+    def _hidden_layer(self, config: DecodeConfig) -> int | None:
+        return self.hidden_layer if config.method == "sd" else None
+
     @staticmethod
     def _verify(
         draft: Draft, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams, generator
     ) -> tuple[list[int], int]:
         """-> (accepted root-to-node path, recovered or bonus token)."""
-        if draft.parents is not None:  # a tree of deterministic drafts
-            rule = "greedy" if sampling.greedy else "deterministic"
-            verdict = verify_tree(tree, target_probs(logits, sampling), None, rule, generator)
+        if draft.parents is not None:
+            rule = "greedy" if sampling.greedy else draft.rule or "deterministic"
+            verdict = verify_tree(tree, target_probs(logits, sampling), draft.node_q(), rule, generator)
             return verdict.path, verdict.next_token
         if sampling.greedy:
             chain = verify_chain_greedy(draft.tokens, logits.argmax(-1))

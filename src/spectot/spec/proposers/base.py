@@ -16,13 +16,15 @@ import torch
 
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.sampling import SamplingParams
+from spectot.spec.tree_verify import TreeRule
 
 
 @dataclass(frozen=True)
 class DraftRequest:
     key: int  # the decoding stream this draft is for; proposers may keep state per key
     tokens: torch.Tensor  # (L,) int64: prompt + generated so far, including the pending token
-    k: int  # how many tokens to propose at most
+    k: int  # how many tokens to propose at most (a tree: its depth at most)
+    hidden: torch.Tensor | None = None  # (m, H) target hidden states of the tokens committed since the last request
 
 
 @dataclass(frozen=True)
@@ -30,16 +32,31 @@ class Draft:
     """Draft tokens for one stream: a chain, or a tree when ``parents`` is given.
 
     Tree example: tokens [a, b, c], parents [-1, -1, 0] -> a and b are alternatives for the next
-    token (children of the pending token), c follows a. Tree drafts are deterministic (q is None).
+    token (children of the pending token), c follows a. ``q[i]`` is the distribution token i was
+    drawn from (all children of one node share it); ``rule`` says how siblings were drawn
+    (``spec/tree_verify.py``). Without q the tokens are deterministic (top-k, n-gram): one-hot q.
     """
 
     tokens: torch.Tensor  # (k',) int64 (may be empty: nothing worth verifying)
-    q: torch.Tensor | None  # chains: (k', V) float32 draft probabilities, None = deterministic (one-hot)
+    q: torch.Tensor | None  # (k', V) float32 draft probabilities, None = deterministic (one-hot)
     parents: torch.Tensor | None = None  # (k',) int64 parent within the draft, -1 = the pending token
+    rule: TreeRule | None = None  # sampled trees: "with_replacement" or "without_replacement"
 
     def __post_init__(self) -> None:
-        if self.parents is not None and self.q is not None:
-            raise ValueError("tree drafts are verified as deterministic: pass q=None with parents")
+        if (
+            self.parents is not None
+            and self.q is not None
+            and self.rule not in ("with_replacement", "without_replacement")
+        ):
+            raise ValueError("a sampled tree draft needs rule='with_replacement' or 'without_replacement'")
+
+    def node_q(self) -> torch.Tensor | None:
+        """(k'+1, V): row u = the distribution node u's children were drawn from (root = node 0)."""
+        if self.q is None or self.parents is None:
+            return None
+        rows = torch.zeros(self.tokens.numel() + 1, self.q.shape[1])
+        rows[self.parents + 1] = self.q
+        return rows
 
     @classmethod
     def empty(cls) -> Draft:

@@ -1,0 +1,209 @@
+"""Drafting chains and token trees with a trained draft decoder (EDD or VDM, ``models/draft_decoder.py``).
+
+The draft keeps one KV stream per decoding stream holding its *committed* entries: for EDD the
+target's hidden states of every verified token (fed through the draft's hidden projection), for VDM
+the verified tokens themselves. Each propose call is:
+
+1. catch up and draft depth 1 in one forward: [new committed entries..., pending token], logits at
+   the pending token; only the committed entries are kept in the draft's cache;
+2. grow the block (the pending token and the drafted nodes) depth by depth: one forward over the
+   whole block per depth (one layer over a few rows is cheap), logits at the frontier, nothing kept.
+
+Which children a frontier node gets is the tree policy's decision (``spec/trees/dynamic.py``: a
+static shape such as a chain, k_config or Sequoia's tree, or PCT / VCT / CAPE / EAGLE-2). How the
+children are picked decides the verification rule:
+
+- ``top`` (always under greedy decoding): the policy's ranks are the draft's top-K tokens, q is
+  one-hot -> rule ``deterministic`` (``greedy`` at temperature 0).
+- ``without_replacement`` (Sequoia): rank r is the r-th distinct draw from q (Gumbel top-k).
+- ``with_replacement`` (SpecInfer, MCSD): rank r is the r-th i.i.d. draw from q.
+Sampled children keep the draft distribution q they were drawn from for the verifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.token_tree import TokenTree
+from spectot.models.draft_decoder import DraftDecoder
+from spectot.spec.proposers.base import Draft, DraftRequest
+from spectot.spec.sampling import SamplingParams, target_probs
+from spectot.spec.trees.dynamic import StaticPolicy, TreePolicy
+from spectot.spec.trees.shapes import chain_tree
+
+ChildSampling = Literal["top", "without_replacement", "with_replacement"]
+
+
+@dataclass
+class _Block:
+    """The growing draft tree of one stream; node 0 is the pending token."""
+
+    tokens: list[int]
+    parents: list[int] = field(default_factory=lambda: [-1])
+    conf: list[float] = field(default_factory=lambda: [1.0])  # path confidence (product of draft probs)
+    q: list[torch.Tensor | None] = field(default_factory=lambda: [None])  # distribution each node was drawn from
+    frontier: list[int] = field(default_factory=lambda: [0])
+
+
+class DraftDecoderProposer:
+    def __init__(
+        self,
+        draft: DraftDecoder,
+        runner: ModelRunner,
+        policy: TreePolicy | None = None,  # None: a chain of the request's k tokens
+        children: ChildSampling = "top",
+        name: str = "edd",
+    ) -> None:
+        self.draft = draft
+        self.runner = runner
+        self.policy = policy
+        self.children = children
+        self.name = name
+        self.forwards = 0
+        self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
+        self._head_ids = draft.head_ids
+        self._vocab = int(draft.model.config.vocab_size)
+        self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
+        self._fed: dict[int, int] = {}  # decoding key -> committed entries in the draft's cache
+
+    def propose(
+        self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Draft]:
+        mode: ChildSampling = "top" if params.greedy else self.children
+        blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
+        policies = {r.key: self._policy_for(r) for r in requests}
+        active = [r for r in requests if r.k > 0 and self._room(r) > 0]
+        for r in active:
+            if r.key not in self._streams:
+                self._streams[r.key] = self.runner.new_stream()
+                self._fed[r.key] = 0
+        depth = 1
+        while active:
+            expand = {
+                r.key: policies[r.key].frontier_to_expand(depth, self._frontier_conf(blocks[r.key])) for r in active
+            }
+            if depth > 1:
+                active = [r for r in active if expand[r.key]]
+                if not active:
+                    break
+            trees = [self._tree(r, blocks[r.key], depth == 1) for r in active]
+            rows = [
+                [len(st.tree) - 1] if depth == 1 else [blocks[r.key].frontier[j] for j in expand[r.key]]
+                for r, st in zip(active, trees)
+            ]
+            out = self.runner.forward(trees, logit_rows=rows)
+            if depth == 1:  # keep the catch-up entries, drop the pending token
+                self.runner.commit({st.stream: range(len(st.tree) - 1) for st in trees})
+                for r in active:
+                    self._fed[r.key] = r.tokens.numel() - 1
+            else:
+                self.runner.commit({})
+            self.forwards += 1
+            still = []
+            for r, logits in zip(active, out.logits):
+                q_sub = target_probs(logits, params)  # (rows, head_vocab)
+                read = expand[r.key] if depth > 1 else [0]
+                grew = self._grow(blocks[r.key], policies[r.key], depth, read, q_sub, mode, generator)
+                if grew and depth < min(r.k, policies[r.key].max_depth, self._room(r)):
+                    still.append(r)
+            active = still
+            depth += 1
+        return [self._to_draft(blocks[r.key], policies[r.key], mode) for r in requests]
+
+    # -- phases ----------------------------------------------------------------------------
+    def _tree(self, r: DraftRequest, block: _Block, first: bool) -> StreamTree:
+        """Depth 1: the new committed entries then the pending token, one chain. Later: the block."""
+        stream = self._streams[r.key]
+        if first:
+            tokens, embeds = self._catch_up(r)
+            return StreamTree(stream, TokenTree.chain(torch.cat([tokens, torch.tensor(block.tokens)])), embeds)
+        return StreamTree(stream, TokenTree(torch.tensor(block.tokens), torch.tensor(block.parents)))
+
+    @staticmethod
+    def _frontier_conf(block: _Block) -> torch.Tensor:
+        return torch.tensor([block.conf[f] for f in block.frontier])
+
+    def _catch_up(self, r: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The committed tokens the draft has not seen yet (all but the pending one) and, for EDD,
+        the chain's input vectors: the target's hidden states of those tokens through the draft's
+        projection, then the pending token's embedding."""
+        tokens = r.tokens[self._fed[r.key] : -1]
+        if self.draft.hidden_proj is None:
+            return tokens, None
+        if r.hidden is None or r.hidden.shape[0] != tokens.numel():
+            got = None if r.hidden is None else r.hidden.shape[0]
+            raise RuntimeError(f"EDD needs the target's hidden states of {tokens.numel()} new tokens, got {got}")
+        with torch.inference_mode():
+            vectors = self.draft.hidden_proj(r.hidden.to(self.draft.hidden_proj.weight.dtype))
+            pending = self.draft.model.get_input_embeddings()(r.tokens[-1:])
+        return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
+
+    def _grow(
+        self,
+        block: _Block,
+        policy: TreePolicy,
+        depth: int,
+        rows: list[int],  # frontier indices the logits belong to
+        q_sub: torch.Tensor,  # (len(rows), head_vocab) draft probabilities
+        mode: ChildSampling,
+        generator: torch.Generator | None,
+    ) -> bool:
+        """Add the policy's children below the frontier; False when nothing was added."""
+        k = min(policy.max_children, q_sub.shape[1])
+        if mode == "top":
+            probs, picks = q_sub.topk(k, dim=-1)  # (rows, K)
+        else:
+            picks = _draw(q_sub, k, mode == "without_replacement", generator)  # (rows, K)
+            probs = q_sub.gather(1, picks)
+        child_probs = torch.zeros(len(block.frontier), k)  # rows the policy does not read stay 0
+        child_probs[rows] = probs
+        where = {fi: i for i, fi in enumerate(rows)}
+        frontier = []
+        for fi, rank in policy.expand(depth, self._frontier_conf(block), child_probs):
+            parent, row = block.frontier[fi], where[fi]
+            block.tokens.append(int(self._head_ids[picks[row, rank]]))
+            block.parents.append(parent)
+            block.conf.append(block.conf[parent] * float(probs[row, rank]))
+            block.q.append(None if mode == "top" else q_sub[row])
+            frontier.append(len(block.tokens) - 1)
+        block.frontier = frontier
+        return bool(frontier)
+
+    def _to_draft(self, block: _Block, policy: TreePolicy, mode: ChildSampling) -> Draft:
+        keep = policy.finalize(block.parents, block.conf)
+        if keep[0] != 0:
+            raise RuntimeError("a tree policy must keep the root")
+        index = {old: new for new, old in enumerate(keep)}
+        nodes = keep[1:]
+        tokens = torch.tensor([block.tokens[i] for i in nodes], dtype=torch.int64)
+        parents = torch.tensor([index[block.parents[i]] - 1 for i in nodes], dtype=torch.int64)
+        if mode == "top" or not nodes:
+            return Draft(tokens, None, parents)
+        q = torch.zeros(len(nodes), self._vocab)
+        q[:, self._head_ids] = torch.stack([block.q[i] for i in nodes])
+        return Draft(tokens, q, parents, rule=mode)
+
+    def _policy_for(self, r: DraftRequest) -> TreePolicy:
+        return self.policy if self.policy is not None else StaticPolicy(tuple(chain_tree(max(r.k, 1) + 1)))
+
+    def _room(self, r: DraftRequest) -> int:
+        return self.runner.max_context - r.tokens.numel()
+
+    def release(self, key: int) -> None:
+        if key in self._streams:
+            self.runner.release(self._streams.pop(key))
+            del self._fed[key]
+
+
+def _draw(q: torch.Tensor, k: int, distinct: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """(m, V) distributions -> (m, k) token indices: i.i.d. draws, or k distinct draws in the order
+    sequential sampling without replacement would give them (Gumbel top-k: the k largest
+    log q + Gumbel noise, equivalently q / Exp(1))."""
+    if distinct:
+        return (q / torch.empty_like(q).exponential_(generator=generator)).topk(k, dim=-1).indices
+    return torch.stack([(q / torch.empty_like(q).exponential_(generator=generator)).argmax(-1) for _ in range(k)], 1)

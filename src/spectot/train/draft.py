@@ -1,0 +1,316 @@
+"""Training spectot's draft decoders (EDD, VDM) on the target's own distributions.
+
+Three resumable stages, each shows progress through the ``report`` callback:
+
+1. corpus: JSONL lines -> token sequences. A line may be an engine output (``prompt_ids`` +
+   ``token_ids``, what ``spectot generate --json`` prints: the target's own generations), a
+   question/answer pair (GSM8K: chat-templated question + answer, calculator annotations removed) or ``{"text": ...}``. A line that
+   does not parse is reported with its number and skipped.
+2. features: the frozen target runs every sequence once (spectot's engine, the dtype the draft will
+   be used with, so training sees the hidden states inference sees) and stores, per token, the
+   hidden state of the chosen layer and the target's top-``top_k`` next-token probabilities. Shards
+   are written as they finish; a rerun skips the ones present.
+3. training: teacher forcing with the dual-block mask (block length L ~ U[block_min, block_max] per
+   step), loss KL(P_target || P_draft) over the draft head's tokens (the target's top-k,
+   renormalised on the head's subset; ``ce``: cross-entropy on the target's argmax instead),
+   AdamW. Checkpoints every few minutes; ``resume`` continues from the last one bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from spectot.data.jsonl import DataError
+
+logger = logging.getLogger(__name__)
+
+Loss = Literal["kl", "ce"]
+Report = Callable[..., None]  # report(stage, done, total, **metrics)
+
+
+@dataclass(frozen=True)
+class CorpusIssue:
+    path: str
+    line: int
+    reason: str
+
+
+# -- 1. corpus ---------------------------------------------------------------------------------
+def read_corpus(
+    paths: Sequence[str], encode_chat: Callable[[str], list[int]], encode_text: Callable[[str], list[int]], max_len: int
+) -> tuple[list[list[int]], list[CorpusIssue]]:
+    """Token sequences of every usable line (cut to ``max_len``) and the lines that were skipped."""
+    sequences, issues = [], []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"corpus file {path} does not exist")
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    ids = _line_tokens(json.loads(line), encode_chat, encode_text)
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                    issues.append(CorpusIssue(path, number, f"{type(err).__name__}: {err}"))
+                    continue
+                if len(ids) >= 2:
+                    sequences.append(ids[:max_len])
+    if not sequences:
+        raise DataError(f"no usable lines in {', '.join(paths)} ({len(issues)} malformed)")
+    return sequences, issues
+
+
+def _line_tokens(record: Any, encode_chat: Callable, encode_text: Callable) -> list[int]:
+    if not isinstance(record, dict):
+        raise TypeError("expected a JSON object")
+    if "token_ids" in record:
+        ids = list(record.get("prompt_ids", [])) + list(record["token_ids"])
+        if not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise ValueError("prompt_ids/token_ids must be non-negative integers")
+        return ids
+    if "question" in record:  # GSM8K: drop the calculator annotations <<48/2=24>>, which models do not write
+        answer = re.sub(r"<<[^>]*>>", "", str(record.get("answer", "")))
+        return encode_chat(str(record["question"])) + encode_text(answer)
+    return encode_text(str(record["text"]))
+
+
+def token_counts(sequences: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    for ids in sequences:
+        counts += torch.bincount(torch.tensor(ids), minlength=vocab)[:vocab]
+    return counts
+
+
+# -- 2. features -------------------------------------------------------------------------------
+def extract_features(
+    runner: Any,  # spectot.engine.runner.ModelRunner over the target
+    sequences: Sequence[Sequence[int]],
+    hidden_layer: int,
+    top_k: int,
+    out: Path,
+    shard_tokens: int = 16384,
+    report: Report | None = None,
+) -> list[Path]:
+    """Write shards of {tokens, hidden, top_ids, top_probs} per sequence; skip shards already there."""
+    from spectot.engine.runner import StreamTree
+    from spectot.engine.token_tree import TokenTree
+
+    out.mkdir(parents=True, exist_ok=True)
+    shards, current, size = [], [], 0
+    for i, ids in enumerate(sequences):
+        current.append(i)
+        size += len(ids)
+        if size >= shard_tokens or i == len(sequences) - 1:
+            shards.append(current)
+            current, size = [], 0
+    total = sum(len(s) for s in sequences)
+    done, paths = 0, []
+    for index, members in enumerate(shards):
+        path = out / f"shard_{index:04d}.pt"
+        paths.append(path)
+        if not path.exists():
+            records = []
+            for i in members:
+                stream = runner.new_stream()
+                try:
+                    result = runner.forward(
+                        [StreamTree(stream, TokenTree.chain(sequences[i]))], hidden_layer=hidden_layer
+                    )
+                    runner.commit({})
+                finally:
+                    runner.release(stream)
+                probs = result.logits[0].softmax(-1)  # (T, V) float32
+                top = probs.topk(top_k, dim=-1)
+                records.append(
+                    {
+                        "tokens": torch.tensor(sequences[i], dtype=torch.int32),
+                        "hidden": result.hidden[0].to(torch.bfloat16).clone(),
+                        "top_ids": top.indices.to(torch.int32),
+                        "top_probs": top.values.to(torch.float16),
+                    }
+                )
+            tmp = path.with_suffix(".partial")
+            torch.save(records, tmp)
+            tmp.rename(path)  # a shard is either complete or absent
+        done += sum(len(sequences[i]) for i in members)
+        if report:
+            report("features", done, total)
+    return paths
+
+
+# -- 3. training -------------------------------------------------------------------------------
+def distill_loss(
+    logits: torch.Tensor,  # (B, T, V') draft logits over the head subset
+    top_index: torch.Tensor,  # (B, T, K) int64 index into the head subset, -1 where the token is outside it
+    top_probs: torch.Tensor,  # (B, T, K) float the target's probabilities of those tokens
+    valid: torch.Tensor,  # (B, T) bool: positions that count
+    kind: Loss = "kl",
+) -> torch.Tensor:
+    """KL(P_target || P_draft) on the head subset, P_target renormalised there; ``ce``: -log q(argmax p)."""
+    log_q = logits.float().log_softmax(-1)
+    inside = top_index >= 0
+    p = torch.where(inside, top_probs.float(), 0.0)
+    if kind == "ce":  # the target's argmax only (the first of the sorted top-k)
+        p = torch.zeros_like(p)
+        p[..., 0] = inside[..., 0].float()
+    mass = p.sum(-1, keepdim=True)
+    p = torch.where(mass > 0, p / mass.clamp_min(1e-12), 0.0)
+    log_q_top = log_q.gather(-1, top_index.clamp_min(0))
+    per_token = (p * (torch.log(p.clamp_min(1e-12)) - log_q_top)).sum(-1)  # KL; 0 * log 0 = 0
+    keep = valid & (mass[..., 0] > 0)
+    return (per_token * keep).sum() / keep.sum().clamp_min(1)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    block_min: int = 5
+    block_max: int = 10
+    loss: Loss = "kl"
+    lr: float = 1e-4  # peak: linear warm-up over the first 2% of steps, cosine decay to lr / 10
+    batch_tokens: int = 2048
+    epochs: float = 1.0
+    seed: int = 0
+    checkpoint_minutes: float = 5.0
+    use_hidden: bool = True
+
+
+def load_shards(paths: Sequence[Path]) -> list[dict]:
+    return [record for path in paths for record in torch.load(path)]
+
+
+def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Sequences of similar length together (little padding), at most ``batch_tokens`` padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def collate(records: Sequence[dict], members: list[int], head_index: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Pad a batch; map the target's top-k token ids to head-subset indices (-1 outside)."""
+    length = max(records[i]["tokens"].numel() for i in members)
+    b, k = len(members), records[members[0]]["top_ids"].shape[1]
+    width = records[members[0]]["hidden"].shape[1]
+    batch = {
+        "tokens": torch.zeros(b, length, dtype=torch.int64),
+        "hidden": torch.zeros(b, length, width),
+        "top_index": torch.full((b, length, k), -1, dtype=torch.int64),
+        "top_probs": torch.zeros(b, length, k),
+        "valid": torch.zeros(b, length, dtype=torch.bool),
+    }
+    for row, i in enumerate(members):
+        r, n = records[i], records[i]["tokens"].numel()
+        batch["tokens"][row, :n] = r["tokens"].long()
+        batch["hidden"][row, :n] = r["hidden"].float()
+        batch["top_index"][row, :n] = head_index[r["top_ids"].long()]
+        batch["top_probs"][row, :n] = r["top_probs"].float()
+        batch["valid"][row, :n] = True
+    return batch
+
+
+def train(
+    draft: Any,  # spectot.models.draft_decoder.DraftDecoder, fp32, trainable
+    records: Sequence[dict],
+    settings: TrainSettings,
+    checkpoint: Path,
+    resume: bool,
+    report: Report | None = None,
+) -> dict:
+    """Train ``draft`` in place; returns the training summary (final loss, steps, tokens)."""
+    from spectot.models.draft_decoder import random_block_starts
+
+    vocab = int(draft.model.config.vocab_size)
+    head_index = torch.full((vocab,), -1, dtype=torch.int64)
+    head_index[draft.head_ids] = torch.arange(draft.head_ids.numel())
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr)
+    batches = make_batches([r["tokens"].numel() for r in records], settings.batch_tokens)
+    total_steps = max(1, math.ceil(settings.epochs * len(batches)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, total_steps))
+    state = {"step": 0, "losses": [], "tokens": 0, "seconds": 0.0}
+    if resume and checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        draft.load_state_dict(saved["model"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        state = saved["state"]
+        logger.info("resumed at step %d of %d", state["step"], total_steps)
+    last_save = time.monotonic()
+    draft.train()
+    while state["step"] < total_steps:
+        step = state["step"]
+        epoch, position = divmod(step, len(batches))
+        order = list(range(len(batches)))
+        random.Random(settings.seed * 1000 + epoch).shuffle(order)  # same order on resume
+        batch = collate(records, batches[order[position]], head_index)
+        gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+        starts = random_block_starts(batch["tokens"].shape[1], settings.block_min, settings.block_max, gen)
+        t0 = time.perf_counter()
+        logits = draft(batch["tokens"], batch["hidden"] if settings.use_hidden else None, starts)
+        loss = distill_loss(logits, batch["top_index"], batch["top_probs"], batch["valid"], settings.loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        state["step"] += 1
+        state["tokens"] += int(batch["valid"].sum())
+        state["seconds"] += time.perf_counter() - t0
+        state["losses"].append(float(loss))
+        if report:
+            recent = state["losses"][-50:]
+            report(
+                "train",
+                state["step"],
+                total_steps,
+                loss=sum(recent) / len(recent),
+                tokens_per_s=state["tokens"] / state["seconds"],
+            )
+        if time.monotonic() - last_save > 60 * settings.checkpoint_minutes or state["step"] == total_steps:
+            _save_checkpoint(checkpoint, draft, optimizer, schedule, state)
+            last_save = time.monotonic()
+    draft.eval()
+    recent = state["losses"][-50:]
+    return {
+        "steps": state["step"],
+        "tokens": state["tokens"],
+        "seconds": state["seconds"],
+        "final_loss": sum(recent) / max(1, len(recent)),
+    }
+
+
+def learning_rate_factor(step: int, total: int) -> float:
+    """Multiplier of the peak learning rate: linear warm-up over 2% of the steps, cosine to 0.1."""
+    warmup = max(1, total // 50)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _save_checkpoint(path: Path, draft: Any, optimizer: torch.optim.Optimizer, schedule: Any, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    payload = {
+        "model": draft.trainable_state(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "state": state,
+    }
+    torch.save(payload, tmp)
+    tmp.rename(path)

@@ -1,0 +1,120 @@
+"""``spectot train-draft``: corpus -> target features -> trained draft decoder in OUT.
+
+OUT holds ``draft.json`` + ``draft.safetensors`` (what ``--draft OUT`` loads), ``checkpoint.pt``
+(``--resume``), ``train.json`` (settings, corpus issues, loss curve summary) and, unless
+``--features`` points elsewhere, ``features/`` (shards reusable by other runs on the same corpus).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from spectot.config import ModelOptions, TrainDraftOptions
+from spectot.train.draft import Report, TrainSettings, extract_features, load_shards, read_corpus, token_counts, train
+
+logger = logging.getLogger(__name__)
+
+
+def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Report | None = None) -> dict:
+    from spectot.engine.runner import ModelRunner
+    from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint, head_vocabulary
+    from spectot.models.loader import load_model
+
+    torch.manual_seed(options.seed)
+    if model.threads:
+        torch.set_num_threads(model.threads)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = load_model(model.target, dtype=model.dtype)
+    tokenizer = target.tokenizer
+
+    def encode_chat(text: str) -> list[int]:
+        messages = [{"role": "user", "content": text}]
+        return list(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+
+    def encode_text(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    sequences, issues = read_corpus(options.corpus, encode_chat, encode_text, options.max_len)
+    for issue in issues:
+        logger.warning("%s line %d skipped: %s", issue.path, issue.line, issue.reason)
+
+    features = Path(options.features) if options.features else out / "features"
+    meta = {
+        "target": model.target,
+        "dtype": model.dtype,
+        "hidden_layer": options.hidden_layer,
+        "top_k": options.top_k,
+        "max_len": options.max_len,
+        "corpus": list(options.corpus),
+        "sequences": len(sequences),
+    }
+    _check_features_meta(features, meta)
+    runner = ModelRunner(
+        target.model, max_context=target.max_context, capacity=options.max_len + 8, kernels=model.kernels
+    )
+    shards = extract_features(runner, sequences, options.hidden_layer, options.top_k, features, report=report)
+    del runner
+
+    kind = options.kind
+    config = DraftDecoderConfig(
+        kind=kind,
+        num_layers=options.layers or (1 if kind == "edd" else 2),
+        hidden_layer=None if kind == "vdm" or options.no_hidden else options.hidden_layer,
+        head_vocab=options.head_vocab,
+        target_fingerprint=fingerprint(target.model),
+        target_config=target.model.config.to_dict(),
+    )
+    vocab = int(target.model.config.vocab_size)
+    head_ids = head_vocabulary(token_counts(sequences, vocab), options.head_vocab, target.eos_token_ids)
+    master = target.model.float()  # the draft trains in fp32; embedding and head are the target's
+    draft = DraftDecoder.initialise(config, master, head_ids)
+    settings = TrainSettings(
+        block_min=options.block_min,
+        block_max=options.block_max,
+        loss=options.loss,
+        lr=options.lr,
+        batch_tokens=options.batch_tokens,
+        epochs=options.epochs,
+        seed=options.seed,
+        checkpoint_minutes=options.checkpoint_minutes,
+        use_hidden=config.hidden_layer is not None,
+    )
+    summary = train(draft, load_shards(shards), settings, out / "checkpoint.pt", options.resume, report)
+    draft.save(out, head_ids)
+    result = {
+        "options": asdict(options),
+        "model": asdict(model),
+        "draft": {k: v for k, v in asdict(config).items() if k != "target_config"},
+        "corpus": {
+            "sequences": len(sequences),
+            "tokens": sum(map(len, sequences)),
+            "skipped_lines": [asdict(i) for i in issues],
+        },
+        "head_coverage": float(token_counts(sequences, vocab)[head_ids].sum()) / sum(map(len, sequences)),
+        "train": summary,
+    }
+    (out / "train.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _check_features_meta(features: Path, meta: dict) -> None:
+    path = features / "meta.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != meta:
+            raise ValueError(
+                f"{features} holds features of another setup ({old}); pass a fresh --features folder or delete it"
+            )
+    else:
+        features.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(meta, indent=1))
