@@ -14,8 +14,49 @@ Method = Literal["ar", "sd"]
 Kernels = Literal["auto", "torch", "spectot"]
 
 
+TreeKind = Literal["chain", "k_config", "specinfer", "sequoia", "pct", "vct", "cape", "eagle2"]
+TreeChildren = Literal["auto", "top", "without_replacement", "with_replacement"]
+
+
 def opt(help: str, **kw) -> dict:
     return dict(metadata={"help": help, **kw})
+
+
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers like 2,2,1, got '{text}'") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{flag}: every entry must be >= 1, got '{text}'")
+    return values
+
+
+def parse_specinfer(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--specinfer: expected KxL with K, L >= 1 (e.g. 5x8), got '{text}'")
+    return int(parts[0]), int(parts[1])
+
+
+def parse_acceptance(text: str) -> list[float]:
+    """An acceptance vector from 'p1,p2,...' or a JSON file with an 'acceptance' list."""
+    import json
+    from pathlib import Path
+
+    if Path(text).is_file():
+        try:
+            values = json.loads(Path(text).read_text())["acceptance"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{text}: expected a JSON object with an 'acceptance' list ({err})") from None
+    else:
+        try:
+            values = [float(x) for x in text.split(",")]
+        except ValueError:
+            raise ValueError(f"acceptance: '{text}' is neither a file nor comma-separated numbers") from None
+    if not values or any(not 0 <= v <= 1 for v in values) or sum(values) > 1 + 1e-6:
+        raise ValueError(f"acceptance: need probabilities in [0, 1] summing to <= 1, got {values}")
+    return [float(v) for v in values]
 
 
 @dataclass(frozen=True)
@@ -43,7 +84,10 @@ class ModelOptions:
 class DraftOptions:
     draft: str = field(
         default="ngram",
-        **opt("draft: 'none', 'ngram' (prompt lookup, no model), or a model alias/path sharing the target's tokenizer"),
+        **opt(
+            "draft: 'none', 'ngram' (prompt lookup, no model), 'edd' / 'vdm' (spectot's trained drafts for the "
+            "target), a `spectot train-draft` folder, or a model alias/path sharing the target's tokenizer"
+        ),
     )
     num_draft_tokens: int = field(default=5, **opt("k: draft tokens verified per target forward (sd)"))
     ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))
@@ -52,9 +96,48 @@ class DraftOptions:
         default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches")
     )
 
+    tree: TreeKind = field(
+        default="chain",
+        **opt(
+            "draft tree of a draft decoder (edd/vdm): chain, k_config (--k-config), specinfer (--specinfer KxL), "
+            "sequoia (DP tree for --acceptance, --tree-budget, --tree-depth), or dynamic: pct, vct, cape, eagle2"
+        ),
+    )
+    tree_children: TreeChildren = field(
+        default="auto",
+        **opt(
+            "how sampled trees pick siblings: top (the draft's top-k, verified as deterministic), "
+            "without_replacement (Sequoia), with_replacement (SpecInfer/MCSD); auto: sequoia and k_config "
+            "without, specinfer with, dynamic trees top. Greedy decoding always uses top"
+        ),
+    )
+    k_config: str = field(default="2,2,1", **opt("k_config tree: children per node at each depth, e.g. 4,2,1,1"))
+    specinfer: str = field(default="5x8", **opt("specinfer tree: K independent sequences of length L, as KxL"))
+    tree_budget: int = field(
+        default=16, **opt("sequoia: tree size n incl. the root; eagle2: tokens kept after reranking")
+    )
+    tree_depth: int = field(default=0, **opt("depth bound of sequoia/dynamic trees (0 = the tree's default)"))
+    acceptance: str = field(
+        default="", **opt("sequoia: acceptance vector p_1,p_2,... or the JSON file `spectot tree measure` wrote")
+    )
+    pct_threshold: float = field(
+        default=0.1,
+        **opt("PCT: expand a node while its path confidence >= this (s_d / s_t, the draft/target step-time ratio)"),
+    )
+
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError(f"--num-draft-tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.tree == "k_config":
+            parse_int_list(self.k_config, "--k-config")
+        if self.tree == "specinfer":
+            parse_specinfer(self.specinfer)
+        if self.tree == "sequoia" and not self.acceptance:
+            raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
+        if self.tree_budget < 1 or self.tree_depth < 0:
+            raise ValueError("--tree-budget must be >= 1 and --tree-depth >= 0")
+        if not 0 <= self.pct_threshold < 1:
+            raise ValueError(f"--pct-threshold must be in [0, 1), got {self.pct_threshold}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, {self.ngram_max}")
         if self.ngram_width < 1:
@@ -118,10 +201,19 @@ class TreeSequoiaOptions:
     budget: int = field(default=16, **opt("tree size n: nodes including the root"))
     max_depth: int = field(default=0, **opt("depth bound d, root = depth 1 (0 = unbounded)"))
     json: bool = field(default=False, **opt("print the tree and G(n, d) as JSON"))
+    profile: str = field(
+        default="",
+        **opt(
+            "hardware-aware sizing: a `spectot tree profile` JSON; picks (n <= --budget, d) maximising G(n,d)/(t(n)+(d-1)c)"
+        ),
+    )
+    streams: int = field(default=1, **opt("B streams sharing each target forward (sizing with --profile)"))
 
     def __post_init__(self) -> None:
         if not self.acceptance:
             raise ValueError("--acceptance is required: e.g. --acceptance 0.6,0.2,0.1 or a JSON file")
+        if self.streams < 1:
+            raise ValueError(f"--streams must be >= 1, got {self.streams}")
         if self.budget < 1:
             raise ValueError(f"--budget must be >= 1, got {self.budget}")
         if self.max_depth < 0:
@@ -171,3 +263,81 @@ class TrainDraftOptions:
             raise ValueError("--layers >= 0, --head-vocab >= 2, --top-k >= 1 and --max-len >= 2 are required")
         if not (self.lr > 0 and self.epochs > 0 and self.batch_tokens > 0):
             raise ValueError("--lr, --epochs and --batch-tokens must be positive")
+
+
+@dataclass(frozen=True)
+class TreeMeasureOptions:
+    prompts: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("JSONL prompts"))
+    field_name: str = field(default="question", **opt("JSON field holding the prompt", flag="--field"))
+    offset: int = field(
+        default=100, **opt("skip the first N prompts (keep measurement prompts apart from benchmark ones)")
+    )
+    limit: int = field(default=8, **opt("prompts to decode"))
+    width: int = field(default=8, **opt("W: candidates below the pending token; the vector has W entries"))
+    temperature: float = field(default=0.0, **opt("sampling temperature (0 = greedy)"))
+    max_new_tokens: int = field(default=128, **opt("tokens per prompt"))
+    out: str = field(default="", **opt("write the JSON here too (default: print only)"))
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.limit < 1 or self.offset < 0:
+            raise ValueError("--width and --limit must be >= 1, --offset >= 0")
+
+
+@dataclass(frozen=True)
+class TreeProfileOptions:
+    tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
+    depths: int = field(default=8, **opt("draft chain depth used to time one draft step"))
+    out: str = field(default="", **opt("write the JSON here too (default: print only)"))
+
+
+@dataclass(frozen=True)
+class BenchTreesOptions:
+    gsm8k: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K JSONL (field 'question')"))
+    creative_writing: str = field(
+        default="../shared/data/tot_creative_writing/data_100_random_text.txt", **opt("ToT Creative Writing inputs")
+    )
+    gsm8k_prompts: int = field(default=8, **opt("first N GSM8K test questions"))
+    cw_prompts: int = field(default=4, **opt("Creative Writing inputs, from --cw-offset"))
+    cw_offset: int = field(
+        default=60, **opt("skip the first N Creative Writing lines (spectot's drafts trained on lines 1-60)")
+    )
+    measure_prompts: int = field(
+        default=6, **opt("GSM8K questions after the benchmark ones, for the acceptance vectors")
+    )
+    measure_width: int = field(default=8, **opt("star-tree width for the acceptance vectors"))
+    max_new_tokens: int = field(default=96, **opt("tokens per prompt"))
+    temperatures: str = field(default="0,0.6", **opt("comma-separated temperatures (0 = greedy)"))
+    chain_k: int = field(default=5, **opt("draft tokens of the chain baseline"))
+    sequoia_max_nodes: int = field(default=64, **opt("largest tree the hardware-aware sizing considers"))
+    sequoia_max_depth: int = field(default=10, **opt("deepest tree the hardware-aware sizing considers"))
+    sequoia_fixed: int = field(
+        default=41, **opt("also run Sequoia at this size (41 = SpecInfer 5x8's nodes incl. root)")
+    )
+    eagle2_tokens: int = field(default=24, **opt("EAGLE-2 tokens kept after reranking"))
+    tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
+    out: str = field(default="runs/bench_trees", **opt("output folder (JSON, Markdown, PNG)"))
+
+
+@dataclass(frozen=True)
+class BenchDraftsOptions:
+    gsm8k: str = field(
+        default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K JSONL (field 'question'); drafts train on train.jsonl")
+    )
+    creative_writing: str = field(
+        default="../shared/data/tot_creative_writing/data_100_random_text.txt", **opt("ToT Creative Writing inputs")
+    )
+    gsm8k_offset: int = field(default=0, **opt("skip the first N GSM8K questions"))
+    gsm8k_prompts: int = field(default=8, **opt("GSM8K questions"))
+    cw_prompts: int = field(default=4, **opt("Creative Writing inputs, from --cw-offset"))
+    cw_offset: int = field(
+        default=60, **opt("skip the first N Creative Writing lines (spectot's drafts trained on lines 1-60)")
+    )
+    max_new_tokens: int = field(default=128, **opt("tokens per prompt"))
+    k: int = field(default=5, **opt("draft tokens per step of the chain drafts"))
+    edd: str = field(default="edd", **opt("the EDD draft (alias or folder)"))
+    vdm: str = field(default="vdm", **opt("the VDM draft (alias or folder)"))
+    pct_threshold: float = field(default=0.1, **opt("PCT expansion threshold s_d / s_t for EDD + PCT"))
+    ablation: tuple[str, ...] = field(
+        default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")
+    )
+    out: str = field(default="runs/bench_drafts", **opt("output folder (JSON, Markdown)"))

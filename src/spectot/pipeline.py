@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -20,10 +21,12 @@ from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method
 from spectot.spec.proposers.base import Proposer
+from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
 from spectot.spec.proposers.draft_model import DraftModelProposer
 from spectot.spec.proposers.ngram import NgramProposer
 from spectot.spec.sampling import SamplingParams
 from spectot.spec.stats import DecodeStats
+from spectot.spec.trees.dynamic import TreePolicy
 
 
 @dataclass
@@ -46,15 +49,66 @@ class Generation:
         }
 
 
+def make_tree_policy(options: DraftOptions) -> tuple[TreePolicy | None, ChildSampling]:
+    """The draft tree a draft decoder grows and how sampled siblings are drawn (None: a chain of k)."""
+    from spectot.config import parse_acceptance, parse_int_list, parse_specinfer
+    from spectot.spec.trees import dynamic, sequoia, shapes
+
+    depth = options.tree_depth
+    auto = {"sequoia": "without_replacement", "k_config": "without_replacement", "specinfer": "with_replacement"}
+    children = options.tree_children if options.tree_children != "auto" else auto.get(options.tree, "top")
+    if options.tree == "chain":
+        return None, children
+    if options.tree == "k_config":
+        return dynamic.StaticPolicy(
+            tuple(shapes.k_config_tree(parse_int_list(options.k_config, "--k-config")))
+        ), children
+    if options.tree == "specinfer":
+        return dynamic.StaticPolicy(tuple(shapes.specinfer_tree(*parse_specinfer(options.specinfer)))), children
+    if options.tree == "sequoia":
+        tree = sequoia.sequoia_tree(parse_acceptance(options.acceptance), options.tree_budget, depth or None)
+        return dynamic.StaticPolicy(tuple(tree.parents)), children
+    if options.tree == "pct":
+        return dynamic.PCTPolicy(threshold=options.pct_threshold, max_depth=depth or 8), children
+    if options.tree == "vct":
+        return dynamic.VCTPolicy(max_depth=depth or 5), children
+    if options.tree == "cape":
+        return dynamic.CAPEPolicy(max_depth=depth or 4), children
+    return dynamic.EAGLE2Policy(depth=depth or 6, total_tokens=options.tree_budget), children
+
+
 def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOptions) -> Proposer | None:
     if options.draft == "none":
         return None
     if options.draft == "ngram":
         return NgramProposer(max_ngram=options.ngram_max, min_ngram=options.ngram_min, width=options.ngram_width)
+    folder = draft_decoder_folder(options.draft, model.target)
+    if folder is not None:
+        from spectot.models.draft_decoder import DraftDecoder
+
+        decoder = DraftDecoder.load(folder, target.model)
+        runner = ModelRunner(decoder.model, max_context=target.max_context, kernels=model.kernels)
+        policy, children = make_tree_policy(options)
+        return DraftDecoderProposer(decoder, runner, policy, children, name=options.draft)
     draft = load_model(options.draft, dtype=model.dtype, device=str(target.model.device))
     check_same_vocabulary(target, draft)
     runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels)
     return DraftModelProposer(runner, name=options.draft)
+
+
+def draft_decoder_folder(draft: str, target: str) -> Path | None:
+    """The folder of a draft decoder: 'edd'/'vdm' name the ones shipped for the target alias, a
+    folder with draft.json one trained by `spectot train-draft`; None for other drafts."""
+    if draft in ("edd", "vdm"):
+        folder = Path(__file__).parent / "models" / "drafts" / f"{target}-{draft}"
+        if not (folder / "draft.json").is_file():
+            raise FileNotFoundError(
+                f"spectot ships no {draft} draft for target '{target}': train one with "
+                f"`spectot train-draft --target {target} --kind {draft} --corpus ...` and pass its folder as --draft"
+            )
+        return folder
+    path = Path(draft)
+    return path if (path / "draft.json").is_file() else None
 
 
 class Pipeline:
@@ -107,7 +161,11 @@ class Pipeline:
         tokenizer = self.target.tokenizer
         if self.chat_template:
             messages = [{"role": "user", "content": prompt}]
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+            return list(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                    "input_ids"
+                ]
+            )
         return list(tokenizer(prompt)["input_ids"])
 
     def generate(

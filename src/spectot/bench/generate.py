@@ -162,7 +162,9 @@ def _summarize(records: dict[tuple[str, int], dict], n_prompts: int) -> dict[str
         }
         if recs[0]["stats"]:
             steps = sum(r["stats"]["verify_steps"] for r in recs)
-            row["mean_acceptance_length"] = sum(r["stats"]["verify_steps"] * r["stats"]["mean_acceptance_length"] for r in recs) / steps
+            row["mean_acceptance_length"] = (
+                sum(r["stats"]["verify_steps"] * r["stats"]["mean_acceptance_length"] for r in recs) / steps
+            )
             proposed = sum(r["stats"]["proposed"] for r in recs)
             row["acceptance_rate"] = sum(r["stats"]["accepted"] for r in recs) / proposed if proposed else 0.0
             row["target_forwards"] = sum(r["stats"]["target_forwards"] for r in recs)
@@ -192,7 +194,12 @@ def _markdown(result: dict) -> str:
         )
     curve = result["t_curve"]
     picks = [p for p in curve if p["n"] in (1, 2, 4, 8, 16, 32, 64)]
-    lines += ["", "t(n): one target forward over n new tokens, relative to n = 1", "", "| n | " + " | ".join(str(p["n"]) for p in picks) + " |"]
+    lines += [
+        "",
+        "t(n): one target forward over n new tokens, relative to n = 1",
+        "",
+        "| n | " + " | ".join(str(p["n"]) for p in picks) + " |",
+    ]
     lines.append("|---|" + "---:|" * len(picks))
     lines.append("| ms | " + " | ".join(f"{1000 * p['seconds']:.1f}" for p in picks) + " |")
     lines.append("| t(n)/t(1) | " + " | ".join(f"{p['relative']:.2f}" for p in picks) + " |")

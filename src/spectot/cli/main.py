@@ -14,7 +14,11 @@ from spectot.config import (
     GenerateOptions,
     ModelOptions,
     SamplingOptions,
+    BenchDraftsOptions,
+    BenchTreesOptions,
     TrainDraftOptions,
+    TreeMeasureOptions,
+    TreeProfileOptions,
     TreeSequoiaOptions,
 )
 
@@ -33,11 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", help="list model aliases and cached models")
 
     tree = commands.add_parser("tree", help="token-tree tools")
-    tree_commands = tree.add_subparsers(dest="tree", required=True)
+    tree_commands = tree.add_subparsers(dest="tree_command", required=True)
     add_flags(
         tree_commands.add_parser("sequoia", help="Sequoia's DP-optimal tree for an acceptance vector"),
         TreeSequoiaOptions,
     )
+    measure = tree_commands.add_parser(
+        "measure", help="measure the positional acceptance vector of a draft on real prompts"
+    )
+    for cls in (ModelOptions, DraftOptions, TreeMeasureOptions):
+        add_flags(measure, cls)
+    profile = tree_commands.add_parser("profile", help="measure t(n) and the draft step cost c on this machine")
+    for cls in (ModelOptions, DraftOptions, TreeProfileOptions):
+        add_flags(profile, cls)
 
     train = commands.add_parser("train-draft", help="train an EDD or VDM draft for a target (resumable)")
     for cls in (ModelOptions, TrainDraftOptions):
@@ -48,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_gen = bench_commands.add_parser("generate", help="ar / sd vs transformers generate() on GSM8K")
     for cls in (ModelOptions, BenchGenerateOptions):
         add_flags(bench_gen, cls)
+    bench_trees = bench_commands.add_parser(
+        "trees", help="chain / SpecInfer / k_config / Sequoia / PCT / VCT / CaPE / EAGLE-2"
+    )
+    for cls in (ModelOptions, DraftOptions, BenchTreesOptions):
+        add_flags(bench_trees, cls)
+    bench_drafts = bench_commands.add_parser("drafts", help="n-gram / VDM / EDD / EDD + PCT drafts and ablations")
+    for cls in (ModelOptions, BenchDraftsOptions):
+        add_flags(bench_drafts, cls)
     return parser
 
 
@@ -63,8 +83,22 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "models":
             return _models()
-        if args.command == "tree" and args.tree == "sequoia":
+        if args.command == "tree" and args.tree_command == "sequoia":
             return _tree_sequoia(from_flags(args, TreeSequoiaOptions))
+        if args.command == "tree" and args.tree_command in ("measure", "profile"):
+            return _tree_tool(args)
+        if args.command == "bench" and args.bench == "trees":
+            from spectot.bench.trees import run_bench_trees
+
+            run_bench_trees(
+                from_flags(args, ModelOptions), from_flags(args, DraftOptions), from_flags(args, BenchTreesOptions)
+            )
+            return 0
+        if args.command == "bench" and args.bench == "drafts":
+            from spectot.bench.drafts import run_bench_drafts
+
+            run_bench_drafts(from_flags(args, ModelOptions), from_flags(args, BenchDraftsOptions))
+            return 0
         if args.command == "train-draft":
             return _train_draft(from_flags(args, ModelOptions), from_flags(args, TrainDraftOptions))
         if args.command == "bench" and args.bench == "generate":
@@ -128,6 +162,45 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tree_tool(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from spectot.bench import trees
+    from spectot.pipeline import Pipeline
+
+    model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
+    if draft.draft in ("none", "ngram"):
+        raise ValueError("tree measure/profile need a model draft with probabilities: --draft edd, vdm or a folder")
+    if args.tree_command == "measure":
+        options = from_flags(args, TreeMeasureOptions)
+        from spectot.data.jsonl import read_field
+        from spectot.spec.sampling import SamplingParams
+
+        pipe = Pipeline.from_options(model, replace(draft, tree="k_config", k_config=str(options.width)))
+        texts = read_field(options.prompts, options.field_name, options.offset + options.limit)[options.offset :]
+        result = trees.measure_acceptance(
+            pipe,
+            [pipe.encode(t) for t in texts],
+            options.width,
+            SamplingParams.from_temperature(options.temperature),
+            options.max_new_tokens,
+        )
+        result.update(temperature=options.temperature, draft=draft.draft, target=model.target, prompts=len(texts))
+    else:
+        options = from_flags(args, TreeProfileOptions)
+        pipe = Pipeline.from_options(model, replace(draft, tree="chain"))
+        result = trees.profile_costs(pipe, n_max=options.tn_max, depths=options.depths)
+        result.update(draft=draft.draft, target=model.target, dtype=model.dtype)
+    text = json.dumps(result, indent=1)
+    if options.out:
+        from pathlib import Path
+
+        Path(options.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(options.out).write_text(text)
+    print(text)
+    return 0
+
+
 def _train_draft(model: ModelOptions, options: TrainDraftOptions) -> int:
     from rich.console import Console
 
@@ -183,36 +256,44 @@ def _tree_sequoia(options: TreeSequoiaOptions) -> int:
     import math
     from pathlib import Path
 
+    from spectot.config import parse_acceptance
     from spectot.spec.trees.sequoia import sequoia_tree
 
-    text = options.acceptance
-    if Path(text).is_file():
-        try:
-            acceptance = json.loads(Path(text).read_text())["acceptance"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{text}: expected a JSON object with an 'acceptance' list ({err})") from None
-    else:
-        try:
-            acceptance = [float(x) for x in text.split(",")]
-        except ValueError:
-            raise ValueError(f"--acceptance: '{text}' is neither a file nor comma-separated numbers") from None
+    acceptance = parse_acceptance(options.acceptance)
     result = sequoia_tree(acceptance, options.budget, options.max_depth or None)
-    table = [[None if math.isinf(v) else v for v in row[1:]] for row in result.table[1:]]
+    out: dict = {"parents": result.parents, "expected_tokens": result.expected_tokens}
+    if options.profile:
+        from spectot.spec.trees.sizing import TCurve, choose_tree_size
+
+        try:
+            profile = json.loads(Path(options.profile).read_text())
+            curve = TCurve.from_measurements({p["n"]: p["t"] for p in profile["t_curve"]})
+            cost = float(profile["c_extra_depth"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{options.profile}: expected the JSON `spectot tree profile` writes ({err})") from None
+        choice = choose_tree_size(result.table, curve, cost, streams=options.streams)
+        sized = sequoia_tree(acceptance, choice.n, choice.d)
+        out = {
+            "parents": sized.parents,
+            "expected_tokens": sized.expected_tokens,
+            "n": choice.n,
+            "d": choice.d,
+            "streams": choice.streams,
+            "predicted_speedup": choice.speedup_vs_ar,
+            "draft_cost": cost,
+        }
     if options.json:
-        print(
-            json.dumps(
-                {
-                    "parents": result.parents,
-                    "expected_tokens": result.expected_tokens,
-                    "G": table,
-                    "G_index": "G[n-1][d-1] = best expected tokens for n nodes, depth <= d",
-                }
-            )
-        )
+        table = [[None if math.isinf(v) else v for v in row[1:]] for row in result.table[1:]]
+        print(json.dumps({**out, "G": table, "G_index": "G[n-1][d-1] = best expected tokens for n nodes, depth <= d"}))
         return 0
     from rich.console import Console
 
     console = Console()
-    console.print(f"Sequoia tree: {options.budget} nodes, expected tokens per step {result.expected_tokens:.3f}")
-    console.print(f"parents: {result.parents}")
+    if "n" in out:
+        console.print(
+            f"hardware-aware choice for {out['streams']} stream(s): n = {out['n']}, d = {out['d']}, "
+            f"predicted speedup {out['predicted_speedup']:.2f}x over AR"
+        )
+    console.print(f"Sequoia tree: {len(out['parents'])} nodes, expected tokens per step {out['expected_tokens']:.3f}")
+    console.print(f"parents: {out['parents']}")
     return 0

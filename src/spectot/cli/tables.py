@@ -11,7 +11,18 @@ from spectot.spec.stats import DecodeStats
 
 def stats_table(stats: Sequence[DecodeStats], method: str) -> Table:
     table = Table(title=f"{method}: decoding statistics (acceptance length includes the bonus token)")
-    for col in ("prompt", "new tok", "tok/s", "target fwd", "draft fwd", "accept len", "accept rate", "draft s", "verify s", "other s"):
+    for col in (
+        "prompt",
+        "new tok",
+        "tok/s",
+        "target fwd",
+        "draft fwd",
+        "accept len",
+        "accept rate",
+        "draft s",
+        "verify s",
+        "other s",
+    ):
         table.add_column(col, justify="right")
     for i, s in enumerate(stats):
         table.add_row(

@@ -59,9 +59,10 @@ class DraftDecoderConfig:
 
 
 def fingerprint(target: Any) -> str:
-    """A short hash of the target's input embedding: equal targets, equal fingerprint."""
+    """A short hash of the target's input embedding: equal targets, equal fingerprint, whether
+    loaded in fp32 or bf16 (the sample is rounded to bf16 first)."""
     weight = target.get_input_embeddings().weight.detach()
-    sample = weight[:: max(1, weight.shape[0] // 64)].float().contiguous()
+    sample = weight[:: max(1, weight.shape[0] // 64)].to(torch.bfloat16).float().contiguous()
     return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
 
 

@@ -80,8 +80,11 @@ class Decoder:
         self.eos = frozenset(eos_token_ids)
         self.proposer = proposer
         self.detokenize = detokenize
-        # a draft decoder (EDD) reads the target's hidden states of verified tokens from this layer
-        self.hidden_layer: int | None = getattr(proposer, "hidden_layer", None)
+
+    @property
+    def hidden_layer(self) -> int | None:
+        """The target layer whose hidden states of verified tokens the draft reads (EDD), if any."""
+        return getattr(self.proposer, "hidden_layer", None)
 
     def generate(self, prompts: Sequence[Sequence[int]], config: DecodeConfig) -> list[StreamResult]:
         if config.method == "sd" and self.proposer is None:
@@ -139,6 +142,11 @@ class Decoder:
         for i, (s, d, st, logits) in enumerate(zip(active, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, config.sampling, generator)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
+            s.stats.record_ranks(_accepted_ranks(st.tree, path))
+            if d.confidence is not None:
+                on_path = set(path)
+                tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]
+                s.stats.record_calibration([float(d.confidence[i - 1]) for i in tested], [i in on_path for i in tested])
             kept = self._emit(s, st.tree.tokens[path[1:]].tolist() + [next_token], config)
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
@@ -218,3 +226,14 @@ class Decoder:
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats)
+
+
+def _accepted_ranks(tree: TokenTree, path: list[int]) -> list[int]:
+    """At each node of the accepted path that has children: the rank of the accepted child among
+    them (children are in draft-rank order), or -1 where all were rejected."""
+    ranks = []
+    for i, node in enumerate(path):
+        kids = tree.children(node)
+        if kids:
+            ranks.append(kids.index(path[i + 1]) if i + 1 < len(path) else -1)
+    return ranks

@@ -4,6 +4,12 @@
   the recovered/bonus token (plain AR: 1.0). A step whose proposer found nothing counts as 1.
 - ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
 - ``acceptance_by_position[i]``: P(draft token i+1 accepted | it was proposed and tokens 1..i were).
+- ``accepted_rank[r]``: verification visits of a tree node with children where the child of draft
+  rank r (0 = the draft's first) was accepted; ``rank_visits`` counts all such visits, so
+  accepted_rank[r] / rank_visits estimates Sequoia's positional acceptance vector p_{r+1}.
+- calibration (EDD paper, fig. 3b): drafted tokens whose parent was accepted, binned by the draft's
+  probability of the token; ``calibration_error`` is the expected calibration error (ECE) over
+  ``CALIBRATION_BINS`` equal-width bins.
 - Wall time is split into ``draft`` (proposer), ``verify`` (target forwards + verification) and
   ``other`` (prefill, bookkeeping). In a batched call, forwards and times belong to the batch.
 """
@@ -11,6 +17,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+
+CALIBRATION_BINS = 10
 
 
 @dataclass
@@ -24,6 +33,11 @@ class DecodeStats:
     accepted: int = 0
     reached_by_position: list[int] = field(default_factory=list)  # draft position i was proposed and 1..i accepted
     accepted_by_position: list[int] = field(default_factory=list)
+    accepted_rank: list[int] = field(default_factory=list)
+    rank_visits: int = 0
+    calibration_n: list[int] = field(default_factory=lambda: [0] * CALIBRATION_BINS)
+    calibration_accepted: list[int] = field(default_factory=lambda: [0] * CALIBRATION_BINS)
+    calibration_confidence: list[float] = field(default_factory=lambda: [0.0] * CALIBRATION_BINS)
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_total: float = 0.0
@@ -43,6 +57,35 @@ class DecodeStats:
         for i in range(reached):
             self.reached_by_position[i] += 1
             self.accepted_by_position[i] += int(i < accepted)
+
+    def record_ranks(self, ranks: list[int]) -> None:
+        """One verification's outcome at each visited node with children: the accepted child's rank
+        among its siblings, or -1 where every child was rejected."""
+        for rank in ranks:
+            self.rank_visits += 1
+            if rank >= 0:
+                self.accepted_rank += [0] * (rank + 1 - len(self.accepted_rank))
+                self.accepted_rank[rank] += 1
+
+    def record_calibration(self, confidence: list[float], accepted: list[bool]) -> None:
+        """Drafted tokens that were tested (their parent was accepted): draft probability, outcome."""
+        for conf, ok in zip(confidence, accepted):
+            b = min(int(conf * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+            self.calibration_n[b] += 1
+            self.calibration_accepted[b] += int(ok)
+            self.calibration_confidence[b] += conf
+
+    @property
+    def calibration_error(self) -> float:
+        total = sum(self.calibration_n)
+        return (
+            sum(abs(a - c) for a, c in zip(self.calibration_accepted, self.calibration_confidence)) / total
+            if total
+            else 0.0
+        )
+
+    def acceptance_vector(self) -> list[float]:
+        return [a / self.rank_visits for a in self.accepted_rank] if self.rank_visits else []
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -69,6 +112,7 @@ class DecodeStats:
                 a / r if r else 0.0 for a, r in zip(self.accepted_by_position, self.reached_by_position)
             ],
             time_other=self.time_other,
+            calibration_error=self.calibration_error,
             tokens_per_second=self.tokens_per_second,
         )
         return out

@@ -41,6 +41,7 @@ class Draft:
     q: torch.Tensor | None  # (k', V) float32 draft probabilities, None = deterministic (one-hot)
     parents: torch.Tensor | None = None  # (k',) int64 parent within the draft, -1 = the pending token
     rule: TreeRule | None = None  # sampled trees: "with_replacement" or "without_replacement"
+    confidence: torch.Tensor | None = None  # (k',) draft probability of each token given its parent (calibration)
 
     def __post_init__(self) -> None:
         if (

@@ -46,6 +46,7 @@ class _Block:
     tokens: list[int]
     parents: list[int] = field(default_factory=lambda: [-1])
     conf: list[float] = field(default_factory=lambda: [1.0])  # path confidence (product of draft probs)
+    prob: list[float] = field(default_factory=lambda: [1.0])  # draft probability of the node given its parent
     q: list[torch.Tensor | None] = field(default_factory=lambda: [None])  # distribution each node was drawn from
     frontier: list[int] = field(default_factory=lambda: [0])
 
@@ -168,7 +169,8 @@ class DraftDecoderProposer:
             parent, row = block.frontier[fi], where[fi]
             block.tokens.append(int(self._head_ids[picks[row, rank]]))
             block.parents.append(parent)
-            block.conf.append(block.conf[parent] * float(probs[row, rank]))
+            block.prob.append(float(probs[row, rank]))
+            block.conf.append(block.conf[parent] * block.prob[-1])
             block.q.append(None if mode == "top" else q_sub[row])
             frontier.append(len(block.tokens) - 1)
         block.frontier = frontier
@@ -182,11 +184,12 @@ class DraftDecoderProposer:
         nodes = keep[1:]
         tokens = torch.tensor([block.tokens[i] for i in nodes], dtype=torch.int64)
         parents = torch.tensor([index[block.parents[i]] - 1 for i in nodes], dtype=torch.int64)
+        confidence = torch.tensor([block.prob[i] for i in nodes])
         if mode == "top" or not nodes:
-            return Draft(tokens, None, parents)
+            return Draft(tokens, None, parents, confidence=confidence)
         q = torch.zeros(len(nodes), self._vocab)
         q[:, self._head_ids] = torch.stack([block.q[i] for i in nodes])
-        return Draft(tokens, q, parents, rule=mode)
+        return Draft(tokens, q, parents, rule=mode, confidence=confidence)
 
     def _policy_for(self, r: DraftRequest) -> TreePolicy:
         return self.policy if self.policy is not None else StaticPolicy(tuple(chain_tree(max(r.k, 1) + 1)))

@@ -86,9 +86,7 @@ def sequoia_tree(acceptance: Sequence[float], budget: int, max_depth: int | None
 
     value, _ = c(budget, depth)
     if value == -math.inf:
-        raise ValueError(
-            f"no tree of {budget} nodes fits depth {depth}: raise max_depth"
-        )
+        raise ValueError(f"no tree of {budget} nodes fits depth {depth}: raise max_depth")
     parents = [-1]
     _build(c, parents, 0, budget, depth)
     table = [[0.0] * (depth + 1)] + [[0.0] + [c(n, d)[0] for d in range(1, depth + 1)] for n in range(1, budget + 1)]

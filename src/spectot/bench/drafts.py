@@ -1,0 +1,161 @@
+"""`spectot bench drafts`: n-gram, VDM, EDD and EDD + PCT drafts on the same held-out prompts.
+
+One run, greedy, SmolLM2 (or any target with trained drafts): held-out GSM8K test questions and
+Creative Writing inputs after the training lines. For every draft: tokens per step (including the
+bonus token), acceptance rate, the draft cost c (a draft depth step relative to a target step, measured
+in this run), tokens/s, speedup over ``ar`` and the EDD paper's calibration error (ECE). Extra drafts
+(the ablations: no hidden states, cross-entropy loss, fixed block length, another hidden layer) are
+given as NAME=FOLDER. Records are appended as they finish, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from spectot.bench.progress import progress_bar
+from spectot.bench.records import append_record, load_records
+from spectot.bench.trees import profile_costs
+from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
+from spectot.pipeline import Pipeline, make_proposer
+from spectot.spec.decoding import DecodeConfig
+
+
+def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict:
+    from spectot.data.jsonl import read_field
+    from spectot.tasks.creative_writing import cot_prompt, read_inputs
+
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if model_opts.threads:
+        torch.set_num_threads(model_opts.threads)
+    pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
+    questions = read_field(opts.gsm8k, "question", opts.gsm8k_offset + opts.gsm8k_prompts)[opts.gsm8k_offset :]
+    texts = questions + [cot_prompt(s) for s in read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts)]
+    prompts = [pipe.encode(t) for t in texts]
+    methods = _methods(opts)
+    config_key = {**asdict(opts), **asdict(model_opts)}
+    records = load_records(out / "records.jsonl", config_key)
+    todo = [(name, i) for name in methods for i in range(len(prompts)) if (name, i) not in records]
+    with progress_bar() as bar:
+        task = bar.add_task("bench drafts", total=len(todo) + len(methods))
+        current = None
+        for name, options in methods.items():
+            if options is not None and options.draft != "ngram" and ("cost", name) not in records:
+                pipe.decoder.proposer = make_proposer(replace(options, tree="chain"), pipe.target, model_opts)
+                costs = profile_costs(pipe, n_max=1)
+                append_record(
+                    out / "records.jsonl",
+                    config_key,
+                    ("cost", name),
+                    {k: v for k, v in costs.items() if k != "t_curve"},
+                    records,
+                )
+            bar.advance(task)
+        for name, i in todo:
+            options = methods[name]
+            if current != name:
+                pipe.decoder.proposer = None if options is None else make_proposer(options, pipe.target, model_opts)
+                current = name
+                config = DecodeConfig(
+                    max_new_tokens=opts.max_new_tokens,
+                    method="ar" if options is None else "sd",
+                    num_draft_tokens=options.num_draft_tokens if options else 1,
+                )
+                pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))  # untimed warm-up
+            res = pipe.decoder.generate([prompts[i]], config)[0]
+            append_record(
+                out / "records.jsonl",
+                config_key,
+                (name, i),
+                {"tokens": res.token_ids, "stats": res.stats.to_dict()},
+                records,
+            )
+            bar.advance(task)
+    result = {
+        "rows": _summarize(records, methods, len(prompts), len(questions)),
+        "config": config_key,
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "results.md").write_text(_markdown(result))
+    return result
+
+
+def _methods(opts: BenchDraftsOptions) -> dict[str, DraftOptions | None]:
+    methods: dict[str, DraftOptions | None] = {
+        "ar": None,
+        "ngram": DraftOptions(draft="ngram", num_draft_tokens=opts.k),
+        "vdm": DraftOptions(draft=opts.vdm, num_draft_tokens=opts.k),
+        "edd": DraftOptions(draft=opts.edd, num_draft_tokens=opts.k),
+        "edd+pct": DraftOptions(draft=opts.edd, tree="pct", pct_threshold=opts.pct_threshold, num_draft_tokens=16),
+    }
+    for item in opts.ablation:
+        name, _, folder = item.partition("=")
+        if not folder:
+            raise ValueError(f"--ablation expects NAME=FOLDER, got '{item}'")
+        methods[name] = DraftOptions(draft=folder, num_draft_tokens=opts.k)
+    return methods
+
+
+def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> list[dict]:
+    rows = []
+    for subset, idx in (
+        ("all", range(n_prompts)),
+        ("gsm8k", range(n_gsm8k)),
+        ("creative_writing", range(n_gsm8k, n_prompts)),
+    ):
+        ar_speed = None
+        for name in methods:
+            recs = [records[(name, i)] for i in idx if (name, i) in records]
+            if not recs:
+                continue
+            stats = [r["stats"] for r in recs]
+            steps = sum(s["verify_steps"] for s in stats)
+            accepted = sum(s["accepted"] for s in stats)
+            proposed = sum(s["proposed"] for s in stats)
+            n = [sum(s["calibration_n"][b] for s in stats) for b in range(len(stats[0]["calibration_n"]))]
+            acc = [sum(s["calibration_accepted"][b] for s in stats) for b in range(len(n))]
+            conf = [sum(s["calibration_confidence"][b] for s in stats) for b in range(len(n))]
+            speed = sum(s["new_tokens"] for s in stats) / sum(s["time_total"] for s in stats)
+            ar_speed = speed if name == "ar" else ar_speed
+            cost = records.get(("cost", name), {})
+            rows.append(
+                {
+                    "method": name,
+                    "prompts": subset,
+                    "tokens_per_step": (accepted + steps) / steps if steps else 1.0,
+                    "acceptance_rate": accepted / proposed if proposed else 0.0,
+                    "c": cost.get("c_extra_depth"),
+                    "tokens_per_second": speed,
+                    "speedup_vs_ar": speed / ar_speed if ar_speed else None,
+                    "calibration_error": sum(abs(a - c) for a, c in zip(acc, conf)) / sum(n) if sum(n) else None,
+                    "calibration": [
+                        {"confidence": c / k, "accepted": a / k, "count": k} for a, c, k in zip(acc, conf, n) if k
+                    ],
+                }
+            )
+    return rows
+
+
+def _markdown(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"# bench drafts — {cfg['target']} {cfg['dtype']}, {cfg['gsm8k_prompts']} held-out GSM8K + {cfg['cw_prompts']} "
+        f"Creative Writing prompts, {cfg['max_new_tokens']} new tokens, greedy, k = {cfg['k']}, {result['machine']['threads']} threads",
+        "",
+        "| prompts | draft | tokens/step (incl. bonus) | acceptance rate | c (draft step / target step) | tokens/s | speedup vs ar | ECE |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        c = "–" if r["c"] is None else f"{r['c']:.3f}"
+        ece = "–" if r["calibration_error"] is None else f"{r['calibration_error']:.3f}"
+        lines.append(
+            f"| {r['prompts']} | {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | {c} | "
+            f"{r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f}x | {ece} |"
+        )
+    return "\n".join(lines) + "\n"
