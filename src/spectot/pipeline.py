@@ -87,12 +87,14 @@ def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOption
         from spectot.models.draft_decoder import DraftDecoder
 
         decoder = DraftDecoder.load(folder, target.model)
-        runner = ModelRunner(decoder.model, max_context=target.max_context, kernels=model.kernels)
+        runner = ModelRunner(
+            decoder.model, max_context=target.max_context, kernels=model.kernels, exact_attention=False
+        )
         policy, children = make_tree_policy(options)
         return DraftDecoderProposer(decoder, runner, policy, children, name=options.draft)
     draft = load_model(options.draft, dtype=model.dtype, device=str(target.model.device))
     check_same_vocabulary(target, draft)
-    runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels)
+    runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels, exact_attention=False)
     return DraftModelProposer(runner, name=options.draft)
 
 

@@ -207,15 +207,21 @@ def _train_draft(model: ModelOptions, options: TrainDraftOptions) -> int:
     from spectot.bench.progress import progress_bar
     from spectot.train.job import run_train_draft
 
+    import time
+
     console = Console(stderr=True)
     with progress_bar() as bar:
         tasks: dict[str, int] = {}
+        last_line = [0.0]
 
         def report(stage: str, done: int, total: int, **metrics: float) -> None:
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total)
             detail = " ".join(f"{k}={v:.3g}" for k, v in metrics.items())
             bar.update(tasks[stage], completed=done, description=f"{stage} {detail}".strip())
+            if not console.is_terminal and (time.monotonic() - last_line[0] > 30 or done == total):
+                last_line[0] = time.monotonic()  # logs and pipes get a plain line every 30 s
+                console.print(f"{stage} {done}/{total} {detail}", markup=False)
 
         result = run_train_draft(model, options, report)
     for issue in result["corpus"]["skipped_lines"]:

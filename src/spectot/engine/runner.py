@@ -53,6 +53,19 @@ def batch_invariant_attention(
     return torch.matmul(probs, v.double()).view(h_kv * group, n, d)
 
 
+def fused_attention(
+    q: torch.Tensor,  # (H, N, D)
+    k: torch.Tensor,  # (H_kv, S, D)
+    v: torch.Tensor,  # (H_kv, S, D)
+    mask: torch.Tensor,  # (N, S) float64 additive
+    scale: float,
+) -> torch.Tensor:
+    """torch's fused SDPA in the model dtype -> (H, N, D); not batch-invariant (see above)."""
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
+
+
 LinearKernel = Literal["auto", "torch", "spectot"]
 
 
@@ -170,8 +183,17 @@ class _Pending:
 
 class ModelRunner:
     def __init__(
-        self, model: Any, *, max_context: int | None = None, capacity: int = 1024, kernels: LinearKernel = "auto"
+        self,
+        model: Any,
+        *,
+        max_context: int | None = None,
+        capacity: int = 1024,
+        kernels: LinearKernel = "auto",
+        exact_attention: bool = True,
     ) -> None:
+        """``exact_attention=False`` uses torch's fused SDPA: faster, but a row's result then depends
+        on the batch layout. Targets need exactness (their rows must equal AR steps); a draft does not
+        (verification is exact for whatever q the draft reports), so draft runners use the fast path."""
         config = model.config
         limit = check_architecture(config)
         self.model = model
@@ -199,6 +221,7 @@ class ModelRunner:
         )
         self._pending: _Pending | None = None
         self._linear = pick_linear(self.dtype, self.device, kernels)
+        self._attend = batch_invariant_attention if exact_attention else fused_attention
 
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
@@ -334,7 +357,7 @@ class ModelRunner:
         kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
         kv[0, :, start : start + n] = k[0]
         kv[1, :, start : start + n] = v[0].transpose(0, 1)
-        out = batch_invariant_attention(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, layer.scaling)
+        out = self._attend(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, layer.scaling)
         return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n, -1), layer.o_weight, layer.o_bias)
 
     # -- commit ----------------------------------------------------------------------------

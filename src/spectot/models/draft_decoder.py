@@ -201,8 +201,12 @@ class DraftDecoder(nn.Module):
 
 
 def head_vocabulary(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
-    """The ``size`` most frequent token ids (``counts``: (V,) occurrences), plus ``always`` (e.g. EOS)."""
+    """Sorted ids of a head of ``size`` tokens: every id in ``always`` (e.g. the EOS ids), then the
+    most frequent others (``counts``: (V,) occurrences)."""
+    forced = sorted({int(t) for t in always})
     size = min(size, counts.numel())
-    top = counts.argsort(descending=True, stable=True)[:size]
-    extra = torch.tensor([t for t in always if t not in set(top.tolist())], dtype=torch.int64)
-    return torch.cat([top[: size - extra.numel()], extra]).sort().values
+    if len(forced) > size:
+        raise ValueError(f"{len(forced)} required token ids do not fit a head of {size}")
+    taken = set(forced)
+    ranked = [t for t in counts.argsort(descending=True, stable=True).tolist() if t not in taken]
+    return torch.tensor(sorted(forced + ranked[: size - len(forced)]), dtype=torch.int64)

@@ -271,7 +271,7 @@ def train(
         state["step"] += 1
         state["tokens"] += int(batch["valid"].sum())
         state["seconds"] += time.perf_counter() - t0
-        state["losses"].append(float(loss))
+        state["losses"].append(float(loss.detach()))
         if report:
             recent = state["losses"][-50:]
             report(

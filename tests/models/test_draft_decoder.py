@@ -1,0 +1,281 @@
+"""Draft decoders (EDD, VDM): the dual-block mask, block sampling, the training forward against the
+inference path the proposer runs, draft files, and the head vocabulary.
+
+The central invariant: teacher forcing with the dual-block mask computes, at every position of a
+block, exactly the logits the proposer gets at inference (the target's hidden states of the tokens
+before the block committed in the draft's cache, then the block's tokens as a chain).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.token_tree import TokenTree
+from spectot.models.draft_decoder import (
+    DraftDecoder,
+    DraftDecoderConfig,
+    dual_block_mask,
+    fingerprint,
+    head_vocabulary,
+    random_block_starts,
+)
+
+LAYERS = 3  # target layers: hidden_layer -2 reads the output of layer 2 of 3
+HIDDEN_LAYER = -2
+# a head subset that is neither a prefix nor contiguous, so a wrong row mapping shows
+HEAD_IDS = torch.tensor(sorted(set(range(0, 64, 2)) | {1, 7, 33, 63}))
+
+
+def SEEDED() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(0, num_hidden_layers=LAYERS)
+
+
+def make_draft(target, kind: str, head_ids: torch.Tensor = HEAD_IDS, num_layers: int = 1) -> DraftDecoder:
+    config = DraftDecoderConfig(
+        kind,
+        num_layers,
+        HIDDEN_LAYER if kind == "edd" else None,
+        head_ids.numel(),
+        fingerprint(target),
+        target.config.to_dict(),
+    )
+    return DraftDecoder.initialise(config, target, head_ids)
+
+
+# -- dual_block_mask / random_block_starts ---------------------------------------------------------
+
+
+def test_dual_block_mask_docstring_table() -> None:
+    mask = dual_block_mask(torch.tensor([0, 0, 2, 2]))
+    #                   h0 h1 h2 h3  x0 x1 x2 x3
+    tokens = [
+        [0, 0, 0, 0, 1, 0, 0, 0],  # x0
+        [0, 0, 0, 0, 1, 1, 0, 0],  # x1
+        [1, 1, 0, 0, 0, 0, 1, 0],  # x2
+        [1, 1, 0, 0, 0, 0, 1, 1],  # x3
+    ]
+    hidden = [  # hidden entries: causal over hidden entries, no token entries
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+    ]
+    assert mask.dtype == torch.bool
+    assert mask.tolist() == [[bool(v) for v in row] for row in hidden + tokens]
+
+
+def test_dual_block_mask_uneven_blocks() -> None:
+    # blocks [0], [1, 2, 3], [4]
+    mask = dual_block_mask(torch.tensor([0, 1, 1, 1, 4]))
+    #                   h0 h1 h2 h3 h4  x0 x1 x2 x3 x4
+    tokens = [
+        [0, 0, 0, 0, 0, 1, 0, 0, 0, 0],  # x0: its own block only
+        [1, 0, 0, 0, 0, 0, 1, 0, 0, 0],  # x1: h0, then its block up to itself
+        [1, 0, 0, 0, 0, 0, 1, 1, 0, 0],
+        [1, 0, 0, 0, 0, 0, 1, 1, 1, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 1],  # x4: h0..h3 and itself
+    ]
+    assert mask[5:].int().tolist() == tokens
+    assert mask[:5, :5].equal(torch.ones(5, 5, dtype=torch.bool).tril())
+    assert not mask[:5, 5:].any()
+
+
+def block_lengths(starts: torch.Tensor) -> list[int]:
+    firsts = [t for t in range(starts.numel()) if starts[t] == t]
+    return [b - a for a, b in zip(firsts, firsts[1:] + [starts.numel()])]
+
+
+@pytest.mark.parametrize("length, low, high", [(50, 3, 6), (7, 5, 10), (40, 1, 1)])
+def test_random_block_starts_are_blocks_of_the_drawn_lengths(length: int, low: int, high: int) -> None:
+    for seed in range(5):
+        starts = random_block_starts(length, low, high, torch.Generator().manual_seed(seed))
+        assert starts.shape == (length,) and starts.dtype == torch.int64
+        assert starts[0] == 0
+        positions = torch.arange(length)
+        assert (starts <= positions).all()
+        assert (starts[starts] == starts).all()  # every start opens its own block
+        assert (starts[1:] >= starts[:-1]).all()
+        lengths = block_lengths(starts)
+        assert sum(lengths) == length
+        assert all(low <= n <= high for n in lengths[:-1])
+        assert 1 <= lengths[-1] <= high  # the last block may be cut short
+
+
+def test_random_block_starts_are_deterministic_for_a_seed() -> None:
+    def draw(seed: int) -> torch.Tensor:
+        return random_block_starts(60, 2, 8, torch.Generator().manual_seed(seed))
+
+    assert draw(3).equal(draw(3))
+    assert any(not draw(3).equal(draw(s)) for s in range(4, 8))
+    assert random_block_starts(7, 3, 3, torch.Generator()).tolist() == [0, 0, 0, 3, 3, 3, 6]
+
+
+# -- the training forward is the inference path ----------------------------------------------------
+
+
+@torch.no_grad()
+def target_hidden(target, tokens: torch.Tensor) -> torch.Tensor:
+    """(T, H) the target's hidden states at HIDDEN_LAYER, from transformers (not spectot's runner)."""
+    out = target(tokens[None], output_hidden_states=True)
+    return out.hidden_states[HIDDEN_LAYER][0]
+
+
+@torch.no_grad()
+def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: torch.Tensor | None, s: int, e: int):
+    """Logits at positions s..e-1 the way ``DraftDecoderProposer`` computes them: one forward over
+    [committed entries x_<s, pending x_s] keeping only the committed ones, then the block x_s..x_{e-1}
+    as a chain. EDD's committed entries are the hidden states through the projection."""
+    runner = ModelRunner(draft.model)
+    stream = runner.new_stream()
+    embeds = None
+    if hidden is not None:
+        embeds = torch.cat([draft.hidden_proj(hidden[:s]), draft.model.get_input_embeddings()(tokens[s : s + 1])])
+    first = runner.forward([StreamTree(stream, TokenTree.chain(tokens[: s + 1]), embeds)], logit_rows=[[s]])
+    runner.commit({stream: range(s)})
+    assert runner.stream_len(stream) == s
+    block = runner.forward([StreamTree(stream, TokenTree.chain(tokens[s:e]))])
+    runner.commit({})
+    runner.release(stream)
+    return first.logits[0][0], block.logits[0]  # (V',), (e - s, V')
+
+
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_training_forward_equals_inference(target, kind: str) -> None:
+    draft = make_draft(target, kind, num_layers=1 if kind == "edd" else 2)
+    with torch.no_grad():  # a non-identity projection, so a missing or misplaced projection shows
+        if draft.hidden_proj is not None:
+            draft.hidden_proj.weight.add_(0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()))
+    tokens = torch.tensor([5, 17, 42, 8, 3, 60, 21, 9, 14, 33, 2, 50])
+    starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7, 7])
+    hidden = target_hidden(target, tokens) if kind == "edd" else None
+    with torch.no_grad():
+        train_logits = draft(tokens[None], None if hidden is None else hidden[None], starts)[0]
+    assert train_logits.shape == (tokens.numel(), HEAD_IDS.numel())
+    for s, e in [(0, 3), (3, 7), (7, 12)]:
+        pending, block = inference_block_logits(draft, tokens, hidden, s, e)
+        torch.testing.assert_close(pending, train_logits[s], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(block, train_logits[s:e], atol=1e-4, rtol=1e-4)
+    if kind == "edd":  # the hidden states matter: with other block starts the logits change
+        with torch.no_grad():
+            other = draft(tokens[None], hidden[None], torch.zeros_like(starts))[0]
+        assert not torch.allclose(other[3:], train_logits[3:], atol=1e-3)
+        torch.testing.assert_close(other[:3], train_logits[:3])  # block [0, 3) is the same in both
+
+
+def test_draft_head_is_the_target_rows_of_head_ids(target) -> None:
+    draft = make_draft(target, "edd")
+    assert draft.model.lm_head.weight.equal(target.get_output_embeddings().weight[HEAD_IDS])
+    assert draft.model.get_input_embeddings().weight.equal(target.get_input_embeddings().weight)
+    assert not any(p.requires_grad for p in (draft.model.lm_head.weight, draft.model.get_input_embeddings().weight))
+    assert set(draft.trainable_state()) == {n for n, p in draft.named_parameters() if p.requires_grad}
+
+
+def json_round_trip(value):
+    return json.loads(json.dumps(value))
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip(target, tmp_path) -> None:
+    draft = make_draft(target, "edd")
+    gen = SEEDED()
+    with torch.no_grad():  # values bf16 cannot hold exactly, so the round trip really rounds
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(1e-3 * torch.randn(p.shape, generator=gen))
+    draft.save(tmp_path / "edd", draft.head_ids)
+    loaded = DraftDecoder.load(tmp_path / "edd", target)
+    # the config comes back through JSON (which turns integer dict keys into strings)
+    assert loaded.config == dataclasses.replace(draft.config, target_config=json_round_trip(draft.config.target_config))
+    assert loaded.head_ids.equal(HEAD_IDS)
+    assert not loaded.training
+    saved, restored = draft.trainable_state(), loaded.trainable_state()
+    assert set(saved) == set(restored) and "hidden_proj.weight" in saved
+    for name, value in saved.items():
+        assert restored[name].dtype == torch.float32
+        assert restored[name].equal(value.to(torch.bfloat16).float()), name
+    assert any(not restored[n].equal(saved[n]) for n in saved)  # the file holds bf16, not fp32
+    assert loaded.model.lm_head.weight.equal(target.get_output_embeddings().weight[HEAD_IDS])
+
+
+def test_load_refuses_a_draft_of_another_target(target, tiny_llama, tmp_path) -> None:
+    make_draft(target, "vdm").save(tmp_path / "vdm", HEAD_IDS)
+    other = tiny_llama(1, num_hidden_layers=LAYERS)
+    with pytest.raises(ValueError, match="another target"):
+        DraftDecoder.load(tmp_path / "vdm", other)
+
+
+def test_load_of_a_missing_folder(target, tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="draft.json"):
+        DraftDecoder.load(tmp_path / "missing", target)
+
+
+def test_fingerprint_ignores_dtype_and_tells_targets_apart(target, tiny_llama) -> None:
+    assert fingerprint(copy.deepcopy(target).to(torch.bfloat16)) == fingerprint(target)
+    assert fingerprint(tiny_llama(1, num_hidden_layers=LAYERS)) != fingerprint(target)
+
+
+@pytest.mark.parametrize(
+    "kind, num_layers, hidden_layer, match",
+    [("edd", 1, None, "hidden_layer"), ("vdm", 0, None, "at least one layer")],
+)
+def test_config_is_validated(kind: str, num_layers: int, hidden_layer, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DraftDecoderConfig(kind, num_layers, hidden_layer, 8, "0" * 16, {})
+
+
+# -- head vocabulary -------------------------------------------------------------------------------
+
+COUNTS = torch.tensor([5, 0, 9, 1, 7, 3])  # frequency order: 2, 4, 0, 5, 3, 1
+
+
+@pytest.mark.parametrize(
+    "size, always, expected",
+    [
+        (3, (), [0, 2, 4]),
+        (3, (1,), [1, 2, 4]),  # the rarest, forced in, displaces the least frequent of the top 3
+        (3, (2,), [0, 2, 4]),  # already among the top 3: nothing changes
+        (4, (1, 3), [1, 2, 3, 4]),
+        (10, (1,), [0, 1, 2, 3, 4, 5]),  # capped at the vocabulary
+    ],
+)
+def test_head_vocabulary_table(size: int, always: tuple[int, ...], expected: list[int]) -> None:
+    head = head_vocabulary(COUNTS, size, always)
+    assert head.dtype == torch.int64
+    assert head.tolist() == expected
+
+
+@pytest.mark.parametrize("always", [(0, 1), (1, 1), (5, 1, 0)])
+def test_head_vocabulary_keeps_every_always_id(always: tuple[int, ...]) -> None:
+    """Contract: sorted, distinct, ``size`` ids, every ``always`` id included, the rest most frequent."""
+    head = head_vocabulary(COUNTS, 3, always).tolist()
+    assert head == sorted(set(head)) and len(head) == 3
+    assert set(always) <= set(head)
+    rest = [t for t in head if t not in always]
+    frequent = [t for t in COUNTS.argsort(descending=True, stable=True).tolist() if t not in always]
+    assert rest == sorted(frequent[: len(rest)])
+
+
+def test_head_vocabulary_of_random_counts() -> None:
+    counts = torch.randint(0, 1000, (200,), generator=torch.Generator().manual_seed(0))
+    head = head_vocabulary(counts, 50, always=(199,))
+    assert head.numel() == 50 and head.unique().numel() == 50
+    assert (head[1:] > head[:-1]).all()
+    assert 199 in head.tolist()
+    others = [t for t in head.tolist() if t != 199]
+    threshold = counts[others].min()
+    outside = torch.ones(200, dtype=torch.bool)
+    outside[head] = False
+    assert (counts[outside] <= threshold).all()  # nothing left out is more frequent than what was kept

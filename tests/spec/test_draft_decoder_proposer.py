@@ -1,0 +1,281 @@
+"""DraftDecoderProposer: drafting chains and trees with an EDD or VDM draft is lossless.
+
+- greedy decoding with every tree policy is token for token greedy AR (tiny fp32 llama targets);
+- the proposer drafts what the teacher-forced draft predicts (inference == training forward);
+- sampled trees (children drawn with or without replacement) leave the target's joint distribution
+  of the generated tokens unchanged: chi-square against the exact joint from the target's logits;
+- a batch of streams decodes exactly as each stream alone;
+- EDD without the target's hidden states is refused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from spectot.engine.runner import ModelRunner
+from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
+from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
+from spectot.spec.proposers.base import DraftRequest
+from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
+from spectot.spec.sampling import SamplingParams, target_probs
+from spectot.spec.trees.dynamic import CAPEPolicy, EAGLE2Policy, PCTPolicy, StaticPolicy, VCTPolicy
+from spectot.spec.trees.sequoia import sequoia_tree
+from spectot.spec.trees.shapes import k_config_tree
+
+HIDDEN_LAYER = -2
+PROMPTS = [[5], [3, 17, 42, 8], [21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38]]
+MAX_NEW = 24
+HEAD_IDS = torch.tensor(sorted(set(range(0, 64, 3)) | set(range(1, 64, 4))))  # 38 of the 64 tokens
+
+POLICIES = {
+    "chain": None,
+    "k_config": StaticPolicy(tuple(k_config_tree((2, 2, 1)))),
+    "sequoia": StaticPolicy(tuple(sequoia_tree([0.6, 0.2, 0.1], 10).parents)),
+    "pct": PCTPolicy(threshold=0.05),
+    "vct": VCTPolicy(),
+    "cape": CAPEPolicy(),
+    "eagle2": EAGLE2Policy(top_k=3, depth=3, total_tokens=8),
+}
+
+
+def make_draft(target, kind: str, head_ids: torch.Tensor, num_layers: int = 1) -> DraftDecoder:
+    config = DraftDecoderConfig(
+        kind,
+        num_layers,
+        HIDDEN_LAYER if kind == "edd" else None,
+        head_ids.numel(),
+        fingerprint(target),
+        target.config.to_dict(),
+    )
+    return DraftDecoder.initialise(config, target, head_ids).eval()
+
+
+def proposer(draft: DraftDecoder, policy=None, children: str = "top") -> DraftDecoderProposer:
+    return DraftDecoderProposer(draft, ModelRunner(draft.model), policy, children)
+
+
+def decode(target, prompts, prop=None, **config) -> list[StreamResult]:
+    method = "ar" if prop is None else "sd"
+    return Decoder(ModelRunner(target), proposer=prop).generate(prompts, DecodeConfig(method=method, **config))
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(0, num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(target) -> list[list[int]]:
+    return [r.token_ids for r in decode(target, PROMPTS, max_new_tokens=MAX_NEW)]
+
+
+@pytest.fixture(scope="module")
+def drafts(target) -> dict[str, DraftDecoder]:
+    return {kind: make_draft(target, kind, HEAD_IDS) for kind in ("edd", "vdm")}
+
+
+# -- greedy: token for token AR --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_greedy_decoding_equals_ar(target, ar_tokens, drafts, kind: str, policy: str) -> None:
+    prop = proposer(drafts[kind], POLICIES[policy])
+    out = decode(target, PROMPTS, prop, max_new_tokens=MAX_NEW, num_draft_tokens=5)
+    assert [r.token_ids for r in out] == ar_tokens
+    assert all(r.stats.proposed > 0 for r in out)  # drafts were verified, not skipped
+    assert prop._streams == {} and prop.runner.cache.used == 0  # every draft stream released
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_greedy_decoding_with_a_draft_that_always_agrees(tiny_llama, policy: str) -> None:
+    """A one-layer target and a VDM copy of it with the whole vocabulary as head: the draft is the
+    target, so its top-1 drafts are accepted and long drafts are emitted."""
+    target = tiny_llama(0, num_hidden_layers=1)
+    draft = make_draft(target, "vdm", torch.arange(64))
+    ar = [r.token_ids for r in decode(target, PROMPTS, max_new_tokens=MAX_NEW)]
+    out = decode(target, PROMPTS, proposer(draft, POLICIES[policy]), max_new_tokens=MAX_NEW, num_draft_tokens=4)
+    assert [r.token_ids for r in out] == ar
+    for r in out:
+        assert r.stats.mean_acceptance_length > 1.5
+        # every draft depth reached was accepted, always through the draft's first-ranked child
+        assert r.stats.accepted_by_position == r.stats.reached_by_position
+        assert r.stats.accepted_rank == [r.stats.rank_visits] and r.stats.rank_visits > 0
+
+
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, kind: str) -> None:
+    draft = drafts[kind]
+    tokens = torch.tensor([3, 17, 42, 8, 21, 9, 60])  # the last one is the pending token
+    with torch.no_grad():
+        hidden = target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+    request = DraftRequest(0, tokens, 4, hidden[:-1] if kind == "edd" else None)
+    (chain,) = proposer(draft).propose([request], SamplingParams(), None)
+    assert chain.parents is not None and chain.parents.tolist() == [-1, 0, 1, 2] and chain.q is None
+    # teacher forcing: the block [pending, d1, d2, d3] after the hidden states of the committed tokens
+    s = tokens.numel() - 1
+    seq = torch.cat([tokens, chain.tokens[:-1]])
+    starts = torch.cat([torch.zeros(s, dtype=torch.int64), torch.full((4,), s)])
+    full_hidden = torch.cat([hidden[:s], torch.zeros(4, hidden.shape[1])])[None]  # unseen past s
+    with torch.no_grad():
+        logits = draft(seq[None], full_hidden if kind == "edd" else None, starts)[0, s:]
+    assert chain.tokens.tolist() == HEAD_IDS[logits.argmax(-1)].tolist()
+
+
+# -- batching --------------------------------------------------------------------------------------
+
+
+def stats_of(r: StreamResult) -> tuple:
+    s = r.stats
+    return (
+        s.proposed,
+        s.accepted,
+        s.verify_steps,
+        s.reached_by_position,
+        s.accepted_by_position,
+        s.accepted_rank,
+        s.rank_visits,
+    )
+
+
+@pytest.mark.parametrize("policy", ["pct", "eagle2"])
+def test_batch_equals_each_stream_alone(target, ar_tokens, policy: str) -> None:
+    draft = make_draft(target, "edd", torch.arange(64))
+    prop = proposer(draft, POLICIES[policy])
+    together = decode(target, PROMPTS, prop, max_new_tokens=MAX_NEW, num_draft_tokens=5)
+    alone = [decode(target, [p], prop, max_new_tokens=MAX_NEW, num_draft_tokens=5)[0] for p in PROMPTS]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone] == ar_tokens
+    assert [stats_of(r) for r in together] == [stats_of(r) for r in alone]
+    assert sum(r.stats.accepted for r in together) > 0  # acceptance bookkeeping was exercised
+
+
+# -- EDD needs the target's hidden states ----------------------------------------------------------
+
+
+def test_edd_without_hidden_states_is_refused(drafts) -> None:
+    prop = proposer(drafts["edd"])
+    tokens = torch.tensor([3, 17, 42])
+    with pytest.raises(RuntimeError, match="hidden states of 2 new tokens, got None"):
+        prop.propose([DraftRequest(0, tokens, 3, None)], SamplingParams(), None)
+    prop.release(0)
+    with pytest.raises(RuntimeError, match="hidden states of 2 new tokens, got 1"):
+        prop.propose([DraftRequest(0, tokens, 3, torch.zeros(1, 32))], SamplingParams(), None)
+
+
+def test_decoder_passes_the_proposers_hidden_layer(drafts) -> None:
+    assert Decoder(ModelRunner(drafts["edd"].model), proposer=proposer(drafts["edd"])).hidden_layer == HIDDEN_LAYER
+    assert Decoder(ModelRunner(drafts["vdm"].model), proposer=proposer(drafts["vdm"])).hidden_layer is None
+
+
+# -- sampled trees: the target's distribution, exactly ---------------------------------------------
+
+DIST_VOCAB = 8
+DIST_PROMPT = [1, 2, 3]
+# x1 comes from the prefill; with 4 new tokens the next step drafts a depth-2 tree (the decoder never
+# drafts the last token of the budget), so x2 and x3 are accepted or recovered tokens of that tree
+DIST_NEW = 4
+JOINT = 3  # compare the joint of x1, x2, x3
+DIST_STREAMS = 30  # streams per generate call: each is an independent draw
+DIST_CALLS = 60  # seeds 0..59: 1800 draws
+
+
+@pytest.fixture(scope="module")
+def dist_target(tiny_llama):
+    # a wider init than the default: peaked distributions, and an EDD that often disagrees with the target
+    return tiny_llama(0, vocab_size=DIST_VOCAB, initializer_range=0.2)
+
+
+@torch.no_grad()
+def exact_joint(model, prompt: list[int], n: int, params: SamplingParams) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_n) = prod_i p(x_i | prompt, x_<i) after temperature, from transformers' logits."""
+    probs: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        prefixes = list(probs)
+        logits = model(torch.tensor([prompt + list(s) for s in prefixes])).logits[:, -1]
+        p = target_probs(logits, params).double()
+        probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(prefixes) for v in range(DIST_VOCAB)}
+    return probs
+
+
+def marginal(table: dict[tuple[int, ...], float], keep: slice) -> dict[tuple[int, ...], float]:
+    out: Counter = Counter()
+    for s, v in table.items():
+        out[s[keep]] += v
+    return dict(out)
+
+
+def chi_square_pvalue(counts: dict[tuple[int, ...], float], exact: dict[tuple[int, ...], float]) -> float:
+    """Pearson's test on every cell, the cells expected fewer than 5 times pooled into one."""
+    n = sum(counts.values())
+    assert {s for s, c in counts.items() if c} <= {s for s, p in exact.items() if p > 0}
+    big = [s for s in exact if exact[s] * n >= 5]
+    small = [s for s in exact if exact[s] * n < 5]
+    observed = [counts.get(s, 0) for s in big] + ([sum(counts.get(s, 0) for s in small)] if small else [])
+    expected = [exact[s] * n for s in big] + ([sum(exact[s] for s in small) * n] if small else [])
+    assert len(big) >= 20  # enough cells for the test to have power
+    total = sum(expected)
+    return float(chisquare(observed, [e * n / total for e in expected]).pvalue)
+
+
+@pytest.mark.parametrize(
+    "children, temperature, head",
+    [
+        ("without_replacement", 1.0, DIST_VOCAB),
+        ("with_replacement", 1.0, DIST_VOCAB),
+        # q is 0 outside a head of 5 of the 8 tokens: those are never drafted, only recovered
+        ("without_replacement", 0.7, 5),
+    ],
+)
+def test_sampled_trees_keep_the_target_joint(dist_target, children: str, temperature: float, head: int) -> None:
+    """The issue's exact joint table: 1800 seeded draws of (x1, x2, x3) against the exact joint,
+    and each neighbouring pair against its marginal. Broken variants it rejects (p < 1e-6): siblings
+    listed in token order instead of draw order, depth-2 nodes given their parent's q, q raised to
+    the power 1.5 or 0.7, and the with/without-replacement rules swapped (one case)."""
+    params = SamplingParams(do_sample=True, temperature=temperature)
+    draft = make_draft(dist_target, "edd", torch.arange(DIST_VOCAB)[-head:])
+    prop = proposer(draft, StaticPolicy(tuple(k_config_tree((2, 2)))), children)
+    decoder = Decoder(ModelRunner(dist_target), proposer=prop)
+    counts: Counter = Counter()
+    reached, accepted = [0, 0], [0, 0]
+    for seed in range(DIST_CALLS):
+        config = DecodeConfig(max_new_tokens=DIST_NEW, sampling=params, method="sd", num_draft_tokens=2, seed=seed)
+        for r in decoder.generate([DIST_PROMPT] * DIST_STREAMS, config):
+            assert len(r.token_ids) == DIST_NEW
+            counts[tuple(r.token_ids[:JOINT])] += 1
+            for depth in range(len(r.stats.reached_by_position)):
+                reached[depth] += r.stats.reached_by_position[depth]
+                accepted[depth] += r.stats.accepted_by_position[depth]
+    assert all(0 < a < n for a, n in zip(accepted, reached))  # accepted and rejected drafts at both depths
+    exact = exact_joint(dist_target, DIST_PROMPT, JOINT, params)
+    assert chi_square_pvalue(counts, exact) > 1e-3
+    for pair in (slice(0, 2), slice(1, 3)):
+        assert chi_square_pvalue(marginal(counts, pair), marginal(exact, pair)) > 1e-3
+
+
+def test_sampled_tree_drafts_carry_their_draft_distribution(dist_target) -> None:
+    head = torch.arange(DIST_VOCAB)[-5:]
+    draft = make_draft(dist_target, "edd", head)
+    params = SamplingParams(do_sample=True)
+    tokens = torch.tensor(DIST_PROMPT)
+    with torch.no_grad():
+        hidden = dist_target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+    for children in ("without_replacement", "with_replacement"):
+        prop = proposer(draft, StaticPolicy(tuple(k_config_tree((3, 2)))), children)
+        gen = torch.Generator().manual_seed(0)
+        (d,) = prop.propose([DraftRequest(0, tokens, 2, hidden[:-1])], params, gen)
+        assert d.rule == children
+        assert d.parents.tolist() == [-1, -1, -1, 0, 0, 1, 1, 2, 2]
+        assert d.q.shape == (9, DIST_VOCAB)
+        torch.testing.assert_close(d.q.sum(-1), torch.ones(9))
+        assert (d.q[:, : DIST_VOCAB - 5] == 0).all()  # no mass outside the head
+        assert set(d.tokens.tolist()) <= set(head.tolist())
+        assert d.q[:3].equal(d.q[:1].expand(3, -1))  # siblings share the distribution they were drawn from
+        assert all(float(d.q[i, d.tokens[i]]) > 0 for i in range(9))
+        if children == "without_replacement":
+            for parent in (-1, 0, 1, 2):
+                siblings = d.tokens[d.parents == parent].tolist()
+                assert len(set(siblings)) == len(siblings)

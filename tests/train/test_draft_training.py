@@ -1,0 +1,337 @@
+"""Draft training: the corpus reader, feature extraction, the distillation loss, batching, one
+training step, bit-for-bit resume from a checkpoint, and the learning-rate schedule.
+
+Everything runs on a tiny random fp32 llama target with a one-layer EDD draft.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from spectot.data.jsonl import DataError
+from spectot.engine.runner import ModelRunner
+from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint, random_block_starts
+from spectot.train.draft import (
+    TrainSettings,
+    collate,
+    distill_loss,
+    extract_features,
+    learning_rate_factor,
+    load_shards,
+    make_batches,
+    read_corpus,
+    train,
+)
+
+HIDDEN_LAYER = -2
+TOP_K = 8
+HEAD_IDS = torch.arange(0, 64, 2)  # half the vocabulary: some of the target's top-k fall outside the head
+# token sequences of different lengths (several batches with a small batch_tokens)
+SEQUENCES = [[(7 * i + 3 * j) % 64 for j in range(n)] for i, n in enumerate([12, 9, 16, 7, 12, 20, 10, 14])]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(0, num_hidden_layers=3)
+
+
+def fresh_draft(target) -> DraftDecoder:
+    config = DraftDecoderConfig("edd", 1, HIDDEN_LAYER, HEAD_IDS.numel(), fingerprint(target), target.config.to_dict())
+    return DraftDecoder.initialise(config, target, HEAD_IDS)
+
+
+@pytest.fixture(scope="module")
+def records(target, tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("features")
+    paths = extract_features(ModelRunner(target), SEQUENCES, HIDDEN_LAYER, TOP_K, out, shard_tokens=40)
+    return load_shards(paths)
+
+
+# -- 1. corpus -------------------------------------------------------------------------------------
+
+
+def encode_text(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def encode_chat(text: str) -> list[int]:
+    return [0] + encode_text(text) + [1]  # stands in for a chat template around the question
+
+
+def write_lines(path, lines: list[str]) -> str:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
+    lines = [
+        json.dumps({"prompt_ids": [1, 2], "token_ids": [3, 4]}),  # 1: engine output
+        "",  # 2: blank, skipped silently
+        json.dumps({"question": "Hi?", "answer": "6*4=<<6*4=24>>24 so #### 24"}),  # 3
+        json.dumps({"text": "abcdefghij"}),  # 4: cut to max_len
+        "{not json",  # 5
+        json.dumps({"foo": 1}),  # 6: no known field
+        json.dumps({"token_ids": [1, "a"]}),  # 7: not an integer
+        json.dumps({"token_ids": [1, -2]}),  # 8: negative
+        json.dumps([1, 2, 3]),  # 9: not an object
+        json.dumps({"token_ids": [5]}),  # 10: too short to train on, skipped silently
+        json.dumps({"token_ids": [9, 8, 7]}),  # 11: engine output without prompt_ids
+    ]
+    sequences, issues = read_corpus([write_lines(tmp_path / "c.jsonl", lines)], encode_chat, encode_text, 8)
+    assert sequences == [
+        [1, 2, 3, 4],
+        (encode_chat("Hi?") + encode_text("6*4=24 so #### 24"))[:8],
+        encode_text("abcdefgh"),
+        [9, 8, 7],
+    ]
+    assert [(i.line, i.reason.split(":")[0]) for i in issues] == [
+        (5, "JSONDecodeError"),
+        (6, "KeyError"),
+        (7, "ValueError"),
+        (8, "ValueError"),
+        (9, "TypeError"),
+    ]
+    assert all(i.path == str(tmp_path / "c.jsonl") for i in issues)
+
+
+def test_read_corpus_removes_every_calculator_annotation(tmp_path) -> None:
+    line = json.dumps({"question": "q", "answer": "a<<1+1=2>>2 b<<2*3=6>>6"})
+    sequences, issues = read_corpus([write_lines(tmp_path / "g.jsonl", [line])], encode_chat, encode_text, 100)
+    assert issues == []
+    assert sequences == [encode_chat("q") + encode_text("a2 b6")]
+
+
+def test_read_corpus_reads_several_files(tmp_path) -> None:
+    a = write_lines(tmp_path / "a.jsonl", [json.dumps({"text": "ab"})])
+    b = write_lines(tmp_path / "b.jsonl", ["oops", json.dumps({"text": "cd"})])
+    sequences, issues = read_corpus([a, b], encode_chat, encode_text, 10)
+    assert sequences == [encode_text("ab"), encode_text("cd")]
+    assert [(i.path, i.line) for i in issues] == [(b, 1)]
+
+
+def test_read_corpus_of_only_bad_lines_raises(tmp_path) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", ["nope", json.dumps({"token_ids": ["x"]})])
+    with pytest.raises(DataError, match="2 malformed"):
+        read_corpus([path], encode_chat, encode_text, 10)
+
+
+def test_read_corpus_missing_file(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_corpus([str(tmp_path / "none.jsonl")], encode_chat, encode_text, 10)
+
+
+# -- 2. features -----------------------------------------------------------------------------------
+
+
+def test_features_are_the_targets_hidden_states_and_top_k(target, records) -> None:
+    assert [r["tokens"].tolist() for r in records] == SEQUENCES
+    with torch.no_grad():
+        for r in records[:3]:
+            out = target(r["tokens"][None].long(), output_hidden_states=True)
+            probs = out.logits[0].softmax(-1)
+            top = probs.topk(TOP_K, dim=-1)
+            assert r["top_ids"].dtype == torch.int32 and r["top_probs"].dtype == torch.float16
+            assert r["hidden"].dtype == torch.bfloat16
+            torch.testing.assert_close(r["top_probs"].float(), top.values, atol=1e-3, rtol=1e-3)
+            assert (r["top_ids"][:, 0] == probs.argmax(-1)).all()
+            torch.testing.assert_close(r["hidden"].float(), out.hidden_states[HIDDEN_LAYER][0], atol=2e-2, rtol=1e-2)
+
+
+def test_feature_shards_already_written_are_skipped(target, tmp_path) -> None:
+    first = extract_features(ModelRunner(target), SEQUENCES, HIDDEN_LAYER, TOP_K, tmp_path, shard_tokens=40)
+    assert len(first) > 1 and all(p.exists() for p in first)
+    first[1].unlink()  # as if the run had stopped while writing shard 1
+
+    class CountingRunner(ModelRunner):
+        calls = 0
+
+        def forward(self, *args, **kwargs):
+            CountingRunner.calls += 1
+            return super().forward(*args, **kwargs)
+
+    again = extract_features(CountingRunner(target), SEQUENCES, HIDDEN_LAYER, TOP_K, tmp_path, shard_tokens=40)
+    assert again == first
+    rerun = torch.load(first[1])
+    assert CountingRunner.calls == len(rerun)  # only the missing shard's sequences ran again
+    assert [r["tokens"].tolist() for r in load_shards(again)] == SEQUENCES
+
+
+# -- 3. loss ---------------------------------------------------------------------------------------
+
+# one batch of 2 streams x 3 positions over a head of 6 tokens, the target's top-3 per position
+TOP_INDEX = torch.tensor(
+    [
+        [[2, 0, 5], [1, -1, 3], [4, 2, 0]],
+        [[-1, 3, 1], [0, 1, 2], [5, 4, -1]],  # (1, 0): the target's argmax is outside the head
+    ]
+)
+TOP_PROBS = torch.tensor(
+    [
+        [[0.5, 0.2, 0.1], [0.4, 0.3, 0.1], [0.6, 0.3, 0.05]],
+        [[0.7, 0.1, 0.1], [0.3, 0.3, 0.2], [0.5, 0.25, 0.2]],
+    ]
+)
+VALID = torch.ones(2, 3, dtype=torch.bool)
+
+
+def renormalised_target() -> torch.Tensor:
+    """(2, 3, 6): the target's probabilities on the head subset, renormalised there."""
+    p = torch.zeros(2, 3, 6)
+    inside = TOP_INDEX >= 0
+    p.scatter_add_(-1, TOP_INDEX.clamp_min(0), torch.where(inside, TOP_PROBS, 0.0))
+    return p / p.sum(-1, keepdim=True)
+
+
+def test_distill_loss_is_zero_when_the_draft_is_the_target() -> None:
+    logits = renormalised_target().clamp_min(1e-30).log()
+    assert abs(float(distill_loss(logits, TOP_INDEX, TOP_PROBS, VALID))) < 1e-6
+
+
+def test_distill_loss_is_the_kl_divergence() -> None:
+    logits = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(0))
+    p, log_q = renormalised_target(), logits.log_softmax(-1)
+    kl = torch.where(p > 0, p * (p.clamp_min(1e-30).log() - log_q), 0.0).sum(-1)  # (2, 3)
+    loss = distill_loss(logits, TOP_INDEX, TOP_PROBS, VALID)
+    assert float(loss) > 0.01
+    torch.testing.assert_close(loss, kl.mean())
+
+
+def test_distill_loss_ignores_tokens_outside_the_head_and_invalid_positions() -> None:
+    logits = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(1))
+    loss = distill_loss(logits, TOP_INDEX, TOP_PROBS, VALID)
+    outside = TOP_PROBS.clone()
+    outside[TOP_INDEX < 0] = 0.9  # the probability of a token the head lacks does not count
+    assert distill_loss(logits, TOP_INDEX, outside, VALID).equal(loss)
+    valid = VALID.clone()
+    valid[1, 2] = False
+    changed = logits.clone()
+    changed[1, 2] = 0.0  # an invalid position's logits do not count
+    p, log_q = renormalised_target(), logits.log_softmax(-1)
+    kl = torch.where(p > 0, p * (p.clamp_min(1e-30).log() - log_q), 0.0).sum(-1)
+    torch.testing.assert_close(distill_loss(changed, TOP_INDEX, TOP_PROBS, valid), (kl.sum() - kl[1, 2]) / 5)
+
+
+def test_distill_loss_ce_is_minus_log_q_of_the_target_argmax() -> None:
+    logits = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(2))
+    log_q = logits.log_softmax(-1)
+    argmax = TOP_INDEX[..., 0]
+    counted = argmax >= 0  # position (1, 0): the argmax is outside the head, so it is left out
+    expected = -log_q.gather(-1, argmax.clamp_min(0)[..., None])[..., 0][counted].mean()
+    torch.testing.assert_close(distill_loss(logits, TOP_INDEX, TOP_PROBS, VALID, "ce"), expected)
+
+
+# -- 3. batching and training ----------------------------------------------------------------------
+
+
+def test_make_batches_groups_similar_lengths_under_the_token_budget() -> None:
+    assert make_batches([5, 3, 8, 3], 10) == [[1, 3], [0], [2]]
+    lengths = [len(s) for s in SEQUENCES]
+    batches = make_batches(lengths, 40)
+    assert sorted(i for b in batches for i in b) == list(range(len(SEQUENCES)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
+
+
+def test_collate_pads_and_maps_to_head_indices(records) -> None:
+    head_index = torch.full((64,), -1, dtype=torch.int64)
+    head_index[HEAD_IDS] = torch.arange(HEAD_IDS.numel())
+    batch = collate(records, [3, 0], head_index)  # lengths 7 and 12
+    assert batch["tokens"].shape == (2, 12)
+    assert batch["valid"].sum(1).tolist() == [7, 12]
+    assert batch["tokens"][0, :7].tolist() == SEQUENCES[3]
+    top_ids = records[0]["top_ids"].long()
+    expected = torch.where(top_ids % 2 == 0, top_ids // 2, -1)  # HEAD_IDS = the even ids
+    assert batch["top_index"][1].equal(expected)
+    assert (batch["top_index"][0, 7:] == -1).all() and (batch["top_probs"][0, 7:] == 0).all()
+
+
+def batch_loss(draft: DraftDecoder, records: list[dict], settings: TrainSettings, step: int = 0) -> float:
+    """The loss ``train`` computes at ``step`` when all records form one batch."""
+    head_index = torch.full((64,), -1, dtype=torch.int64)
+    head_index[draft.head_ids] = torch.arange(draft.head_ids.numel())
+    batch = collate(records, list(range(len(records))), head_index)
+    gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+    starts = random_block_starts(batch["tokens"].shape[1], settings.block_min, settings.block_max, gen)
+    with torch.no_grad():
+        logits = draft(batch["tokens"], batch["hidden"], starts)
+    return float(distill_loss(logits, batch["top_index"], batch["top_probs"], batch["valid"], settings.loss))
+
+
+@pytest.mark.parametrize("loss", ["kl", "ce"])
+def test_one_training_step_lowers_the_loss(target, records, tmp_path, loss: str) -> None:
+    settings = TrainSettings(block_min=2, block_max=5, loss=loss, lr=2e-3, batch_tokens=10_000, epochs=1)
+    draft = fresh_draft(target)
+    frozen = {n: p.clone() for n, p in draft.named_parameters() if not p.requires_grad}
+    trainable = {k: v.clone() for k, v in draft.trainable_state().items()}
+    target_embed = target.get_input_embeddings().weight.clone()
+    before = batch_loss(draft, records, settings)
+    summary = train(draft, records, settings, tmp_path / "ckpt.pt", resume=False)
+    assert summary["steps"] == 1
+    assert summary["tokens"] == sum(len(s) for s in SEQUENCES)
+    assert summary["final_loss"] == pytest.approx(before, rel=1e-5)  # the loss train saw is the one computed here
+    after = batch_loss(draft, records, settings)
+    assert after < before - 1e-3
+    assert not draft.training
+    assert all(p.equal(frozen[n]) for n, p in draft.named_parameters() if not p.requires_grad)
+    assert target.get_input_embeddings().weight.equal(target_embed)
+    assert all(not v.equal(trainable[k]) for k, v in draft.trainable_state().items())
+    assert (tmp_path / "ckpt.pt").exists()
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_from_a_checkpoint_continues_bit_for_bit(target, records, tmp_path) -> None:
+    settings = TrainSettings(block_min=2, block_max=6, lr=1e-3, batch_tokens=40, epochs=2, checkpoint_minutes=0)
+    total = 2 * len(make_batches([len(s) for s in SEQUENCES], settings.batch_tokens))
+    assert total >= 6
+
+    straight = fresh_draft(target)
+    summary = train(straight, records, settings, tmp_path / "straight.pt", resume=False)
+    assert summary["steps"] == total
+
+    stop_after = 3  # the crash happens during step 4, after the checkpoint of step 3
+
+    def crash(stage: str, done: int, total: int, **metrics) -> None:
+        if done == stop_after + 1:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train(fresh_draft(target), records, settings, tmp_path / "resumed.pt", resume=False, report=crash)
+    assert torch.load(tmp_path / "resumed.pt", weights_only=False)["state"]["step"] == stop_after
+
+    resumed = fresh_draft(target)
+    steps_seen: list[int] = []
+    resumed_summary = train(
+        resumed,
+        records,
+        settings,
+        tmp_path / "resumed.pt",
+        resume=True,
+        report=lambda s, d, t, **m: steps_seen.append(d),
+    )
+    assert steps_seen == list(range(stop_after + 1, total + 1))  # it continued, it did not start over
+    assert resumed_summary["steps"] == total and resumed_summary["tokens"] == summary["tokens"]
+    a, b = straight.trainable_state(), resumed.trainable_state()
+    assert all(a[k].equal(b[k]) for k in a)
+    final_a = torch.load(tmp_path / "straight.pt", weights_only=False)["state"]["losses"]
+    final_b = torch.load(tmp_path / "resumed.pt", weights_only=False)["state"]["losses"]
+    assert len(final_a) == total and final_a == final_b
+    assert resumed_summary["final_loss"] == summary["final_loss"]
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
+    total = 200  # warm-up: 2% of the steps = 4
+    factors = [learning_rate_factor(step, total) for step in range(total + 1)]
+    assert factors[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    decay = factors[4:]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert factors[4 + 98] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 98 / 196)))  # half way: 0.55
+    assert factors[-1] == pytest.approx(0.1)
+    assert learning_rate_factor(10 * total, total) == pytest.approx(0.1)  # past the end it stays at 0.1
+    assert learning_rate_factor(0, 1) == 1.0  # one step: no warm-up below the peak
