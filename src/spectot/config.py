@@ -238,7 +238,9 @@ class TrainDraftOptions:
     )
     layers: int = field(default=0, **opt("decoder layers (0 = 1 for edd, 2 for vdm)"))
     hidden_layer: int = field(default=-4, **opt("target hidden_states index EDD reads (-4 = 4th-to-last)"))
-    no_hidden: bool = field(default=False, **opt("ablation: train an EDD-shaped draft without the hidden states"))
+    hidden_states: bool = field(
+        default=True, **opt("EDD reads the target's hidden states; --no-hidden-states is the paper's ablation without them")
+    )
     head_vocab: int = field(default=8192, **opt("draft head size: the corpus's most frequent tokens (q = 0 elsewhere)"))
     top_k: int = field(default=64, **opt("target probabilities kept per token for the KL loss"))
     max_len: int = field(default=384, **opt("tokens per corpus sequence at most"))

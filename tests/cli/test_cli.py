@@ -94,3 +94,24 @@ def test_models_lists_the_default_alias(capsys) -> None:
     code, out, _ = run(capsys, "models")
     assert code == 0
     assert "smollm2-135m" in out
+
+
+def test_no_boolean_flag_is_named_no_something() -> None:
+    """argparse's BooleanOptionalAction reads any `--no-...` spelling as False: a field `no_x`
+    would make `--no-x` switch it off (this shipped once for --no-hidden)."""
+    import dataclasses
+
+    from spectot import config
+
+    classes = [c for c in vars(config).values() if dataclasses.is_dataclass(c)]
+    bad = [f"{c.__name__}.{f.name}" for c in classes for f in dataclasses.fields(c) if f.name.startswith("no_")]
+    assert not bad
+
+
+def test_train_draft_ablation_flag_turns_hidden_states_off() -> None:
+    from spectot.cli.flags import from_flags
+    from spectot.cli.main import build_parser
+    from spectot.config import TrainDraftOptions
+
+    args = build_parser().parse_args(["train-draft", "--corpus", "x.jsonl", "--no-hidden-states"])
+    assert from_flags(args, TrainDraftOptions).hidden_states is False

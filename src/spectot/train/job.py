@@ -69,7 +69,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     config = DraftDecoderConfig(
         kind=kind,
         num_layers=options.layers or (1 if kind == "edd" else 2),
-        hidden_layer=None if kind == "vdm" or options.no_hidden else options.hidden_layer,
+        hidden_layer=None if kind == "vdm" or not options.hidden_states else options.hidden_layer,
         head_vocab=options.head_vocab,
         target_fingerprint=fingerprint(target.model),
         target_config=target.model.config.to_dict(),
