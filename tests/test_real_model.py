@@ -43,3 +43,34 @@ def test_greedy_sd_equals_greedy_ar_on_gsm8k(pipeline, questions) -> None:
         assert len(a.token_ids) == 32 or a.finish_reason == "eos"
     assert sum(s.stats.proposed for s in sd) > 0  # prompt lookup found drafts to verify
     assert pipeline.runner.cache.used == 0
+
+
+@pytest.mark.parametrize(
+    "draft, tree",
+    [("edd", "chain"), ("edd", "pct"), ("vdm", "k_config")],
+)
+def test_shipped_drafts_are_lossless_on_the_reference_target(pipeline, questions, draft, tree) -> None:
+    """The drafts shipped for smollm2-135m load by alias and their chains / trees change nothing."""
+    from spectot.config import DraftOptions, ModelOptions
+    from spectot.pipeline import make_proposer
+
+    proposer = make_proposer(DraftOptions(draft=draft, tree=tree), pipeline.target, ModelOptions(dtype="fp32"))
+    ar = pipeline.generate(questions[:2], max_new_tokens=24, method="ar")
+    before, pipeline.decoder.proposer = pipeline.decoder.proposer, proposer
+    try:
+        sd = pipeline.generate(
+            questions[:2], max_new_tokens=24, method="sd", num_draft_tokens=16 if tree != "chain" else 5
+        )
+    finally:
+        pipeline.decoder.proposer = before
+    assert [s.token_ids for s in sd] == [a.token_ids for a in ar]
+    assert sum(s.stats.accepted for s in sd) > 0  # the trained draft does get tokens accepted
+
+
+def test_draft_alias_for_a_target_without_shipped_drafts_names_the_fix() -> None:
+    from spectot.pipeline import draft_decoder_folder
+
+    assert (draft_decoder_folder("edd", "smollm2-135m") / "draft.safetensors").is_file()
+    with pytest.raises(FileNotFoundError, match="train-draft"):
+        draft_decoder_folder("edd", "some-other-model")
+    assert draft_decoder_folder("ngram", "smollm2-135m") is None

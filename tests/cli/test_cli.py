@@ -42,7 +42,16 @@ def test_help_does_not_import_torch() -> None:
 def test_generate_json_sd_equals_ar(capsys, checkpoint, tmp_path) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"q": "w1 w2 w3 w1 w2"}\n\n{"q": "w5 w6"}\n')
-    common = ["generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template", "--prompts", str(prompts)]
+    common = [
+        "generate",
+        "--target",
+        str(checkpoint),
+        "--dtype",
+        "fp32",
+        "--no-chat-template",
+        "--prompts",
+        str(prompts),
+    ]
     common += ["--field", "q", "--max-new-tokens", "12", "--json"]
     code, out_ar, _ = run(capsys, *common, "--method", "ar")
     assert code == 0
@@ -84,8 +93,19 @@ def test_bad_flags_exit_2_with_a_fix(capsys, checkpoint, argv: list[str], messag
 
 def test_prompt_longer_than_the_context_is_refused(capsys, checkpoint) -> None:
     long_prompt = " ".join(["w1"] * 300)  # with 1800 new tokens: past the tiny model's 2048 positions
-    code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template",
-                       "--prompt", long_prompt, "--max-new-tokens", "1800")
+    code, _, err = run(
+        capsys,
+        "generate",
+        "--target",
+        str(checkpoint),
+        "--dtype",
+        "fp32",
+        "--no-chat-template",
+        "--prompt",
+        long_prompt,
+        "--max-new-tokens",
+        "1800",
+    )
     assert code == 2
     assert "context" in err
 
