@@ -16,7 +16,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from spectot.engine.runner import ModelRunner
+from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.token_tree import TokenTree
 from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
 from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
 from spectot.spec.proposers.base import DraftRequest
@@ -279,3 +280,22 @@ def test_sampled_tree_drafts_carry_their_draft_distribution(dist_target) -> None
             for parent in (-1, 0, 1, 2):
                 siblings = d.tokens[d.parents == parent].tolist()
                 assert len(set(siblings)) == len(siblings)
+
+
+def test_greedy_top_k_siblings_are_the_drafts_best_tokens(dist_target) -> None:
+    """Under greedy decoding siblings are the draft's k most probable tokens, in order, and their
+    confidences are the draft's softmax probabilities (not the one-hot greedy distribution)."""
+    draft = make_draft(dist_target, "edd", torch.arange(DIST_VOCAB))
+    tokens = torch.tensor(DIST_PROMPT)
+    with torch.no_grad():
+        hidden = dist_target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+    prop = proposer(draft, StaticPolicy(tuple(k_config_tree((3,)))), "top")
+    (d,) = prop.propose([DraftRequest(0, tokens, 1, hidden[:-1])], SamplingParams(), None)
+    runner = ModelRunner(draft.model)
+    stream = runner.new_stream()
+    embeds = torch.cat([draft.hidden_proj(hidden[:-1]), draft.model.get_input_embeddings()(tokens[-1:])]).detach()
+    out = runner.forward([StreamTree(stream, TokenTree.chain(tokens), embeds)], last_only=True)
+    best = out.logits[0][0].softmax(-1).topk(3)
+    assert d.tokens.tolist() == draft.head_ids[best.indices].tolist()
+    torch.testing.assert_close(d.confidence, best.values)
+    assert float(d.confidence.max()) < 1.0

@@ -76,6 +76,9 @@ class DraftDecoderProposer:
         self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
     ) -> list[Draft]:
         mode: ChildSampling = "top" if params.greedy else self.children
+        # the draft's own distribution: under greedy decoding its plain softmax (the target's one-hot
+        # greedy "distribution" would make every confidence 1 and every sibling a zero-probability tie)
+        draft_params = SamplingParams(do_sample=True, temperature=1.0) if params.greedy else params
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
         policies = {r.key: self._policy_for(r) for r in requests}
         active = [r for r in requests if r.k > 0 and self._room(r) > 0]
@@ -107,7 +110,7 @@ class DraftDecoderProposer:
             self.forwards += 1
             still = []
             for r, logits in zip(active, out.logits):
-                q_sub = target_probs(logits, params)  # (rows, head_vocab)
+                q_sub = target_probs(logits, draft_params)  # (rows, head_vocab)
                 read = expand[r.key] if depth > 1 else [0]
                 grew = self._grow(blocks[r.key], policies[r.key], depth, read, q_sub, mode, generator)
                 if grew and depth < min(r.k, policies[r.key].max_depth, self._room(r)):
