@@ -108,17 +108,9 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
     proposers = {}
 
     def proposer_for(options: DraftOptions):
-        key = (
-            options.tree,
-            options.k_config,
-            options.specinfer,
-            options.tree_budget,
-            options.tree_depth,
-            options.acceptance,
-        )
-        if key not in proposers:
-            proposers[key] = make_proposer(options, pipe.target, model_opts)
-        return proposers[key]
+        if options not in proposers:  # DraftOptions is frozen: the whole configuration is the key
+            proposers[options] = make_proposer(options, pipe.target, model_opts)
+        return proposers[options]
 
     with progress_bar() as bar:
         # 1. costs and acceptance vectors (before timing anything else: the sizing needs them)
