@@ -103,9 +103,12 @@ def test_greedy_decoding_with_a_draft_that_always_agrees(tiny_llama, policy: str
     assert [r.token_ids for r in out] == ar
     for r in out:
         assert r.stats.mean_acceptance_length > 1.5
-        # every draft depth reached was accepted, always through the draft's first-ranked child
-        assert r.stats.accepted_by_position == r.stats.reached_by_position
+        # every node with children on the accepted path passed it on through the draft's first-ranked child
         assert r.stats.accepted_rank == [r.stats.rank_visits] and r.stats.rank_visits > 0
+        if policy in ("chain", "k_config", "sequoia"):
+            # static shapes always hold the rank-0 chain, so every depth reached is accepted; confidence-ranked
+            # trees (VCT, EAGLE-2, ...) may drop the rank-0 path in favour of more confident branches
+            assert r.stats.accepted_by_position == r.stats.reached_by_position
 
 
 @pytest.mark.parametrize("kind", ["edd", "vdm"])
