@@ -23,6 +23,7 @@ from spectot.bench.trees import profile_costs
 from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline, make_proposer
 from spectot.spec.decoding import DecodeConfig
+from spectot.spec.stats import DecodeStats
 
 
 def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict:
@@ -133,7 +134,11 @@ def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> li
                     "c": cost.get("c_extra_depth"),
                     "tokens_per_second": speed,
                     "speedup_vs_ar": speed / ar_speed if ar_speed else None,
-                    "calibration_error": sum(abs(a - c) for a, c in zip(acc, conf)) / sum(n) if sum(n) else None,
+                    "calibration_error": DecodeStats(
+                        calibration_n=n, calibration_accepted=acc, calibration_confidence=conf
+                    ).calibration_error
+                    if sum(n)
+                    else None,
                     "calibration": [
                         {"confidence": c / k, "accepted": a / k, "count": k} for a, c, k in zip(acc, conf, n) if k
                     ],

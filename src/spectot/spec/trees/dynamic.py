@@ -215,13 +215,10 @@ class VCTPolicy:
         return self.width
 
     def frontier_to_expand(self, depth: int, path_conf: torch.Tensor) -> list[int]:
-        if depth > self.max_depth:
-            return []
-        return _most_confident_rows(path_conf.tolist(), self.width)  # host sync
+        return _beam_rows(depth, self.max_depth, path_conf, self.width)
 
     def expand(self, depth: int, path_conf: torch.Tensor, child_probs: torch.Tensor) -> list[tuple[int, int]]:
-        width = min(self.width, child_probs.shape[1])
-        return [(i, rank) for i in self.frontier_to_expand(depth, path_conf) for rank in range(width)]
+        return _beam_expand(depth, self.max_depth, path_conf, child_probs, self.width)
 
     def finalize(self, parents: list[int], path_conf: list[float]) -> list[int]:
         return list(range(len(parents)))
@@ -316,13 +313,10 @@ class EAGLE2Policy:
         return self.top_k
 
     def frontier_to_expand(self, depth: int, path_conf: torch.Tensor) -> list[int]:
-        if depth > self.depth:
-            return []
-        return _most_confident_rows(path_conf.tolist(), self.top_k)  # host sync
+        return _beam_rows(depth, self.depth, path_conf, self.top_k)
 
     def expand(self, depth: int, path_conf: torch.Tensor, child_probs: torch.Tensor) -> list[tuple[int, int]]:
-        width = min(self.top_k, child_probs.shape[1])
-        return [(i, rank) for i in self.frontier_to_expand(depth, path_conf) for rank in range(width)]
+        return _beam_expand(depth, self.depth, path_conf, child_probs, self.top_k)
 
     def finalize(self, parents: list[int], path_conf: list[float]) -> list[int]:
         return keep_most_confident(parents, path_conf, self.total_tokens)
@@ -454,6 +448,21 @@ def _most_confident_children(
     for _, i, _ in best:
         count[i] += 1
     return [(i, rank) for i in sorted(count) for rank in range(count[i])]
+
+
+def _beam_rows(depth: int, max_depth: int, path_conf: torch.Tensor, width: int) -> list[int]:
+    """VCT / EAGLE-2 expansion: the ``width`` most confident frontier rows, until ``max_depth``."""
+    if depth > max_depth:
+        return []
+    return _most_confident_rows(path_conf.tolist(), width)  # host sync
+
+
+def _beam_expand(
+    depth: int, max_depth: int, path_conf: torch.Tensor, child_probs: torch.Tensor, width: int
+) -> list[tuple[int, int]]:
+    """The top ``width`` children of each of the ``width`` most confident frontier nodes."""
+    ranks = min(width, child_probs.shape[1])
+    return [(i, rank) for i in _beam_rows(depth, max_depth, path_conf, width) for rank in range(ranks)]
 
 
 def _most_confident_rows(path_conf: list[float], n: int) -> list[int]:
