@@ -23,10 +23,12 @@ from spectot.spec.proposers.base import Draft, DraftRequest, Proposer
 from spectot.spec.sampling import SamplingParams, sample, target_probs
 from spectot.spec.stats import DecodeStats
 from spectot.spec.tree_verify import verify_tree
+from spectot.spec.trees.dynamic import TreePolicy
 from spectot.spec.verify import verify_chain, verify_chain_greedy
 
 Method = Literal["ar", "sd"]
 FinishReason = Literal["eos", "stop", "length"]
+MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a separate forward
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class _Stream:
     key: int
     sid: int
     prompt: list[int]
+    generator: torch.Generator  # the stream's own: its samples do not depend on how streams are scheduled
     generated: list[int] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     finish: FinishReason | None = None
@@ -66,6 +69,15 @@ class _Stream:
     @property
     def tokens(self) -> torch.Tensor:
         return torch.tensor(self.prompt + self.generated, dtype=torch.int64)
+
+
+@dataclass
+class _PromptEntry:
+    """A prefilled prompt kept in the cache so every stream with that prompt forks its KV."""
+
+    sid: int
+    logits: torch.Tensor  # (V,) at the prompt's last token
+    hidden: torch.Tensor | None  # (len(prompt), H) for EDD drafts
 
 
 class Decoder:
@@ -86,78 +98,130 @@ class Decoder:
         """The target layer whose hidden states of verified tokens the draft reads (EDD), if any."""
         return getattr(self.proposer, "hidden_layer", None)
 
-    def generate(self, prompts: Sequence[Sequence[int]], config: DecodeConfig) -> list[StreamResult]:
-        if config.method == "sd" and self.proposer is None:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None = None
+    ) -> list[StreamResult]:
+        """All streams together: every step one target forward over all unfinished streams.
+        ``seeds``: one per prompt (default: drawn from ``config.seed``); a stream's samples depend only on its seed."""
+        with self.session(prompts, config, seeds) as session:
+            session.prefill(session.streams)
+            active = [s for s in session.streams if s.finish is None]
+            while active:
+                session.verify(active, session.propose(active))
+                active = [s for s in active if s.finish is None]
+        return session.results()
+
+    def session(
+        self, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None = None
+    ) -> DecodeSession:
+        return DecodeSession(self, prompts, config, seeds)
+
+
+class DecodeSession:
+    """The streams of one call. A scheduler drives the phases — ``prefill``, ``propose``,
+    ``verify`` — over any subset of unfinished streams, in any order, as long as a stream is in
+    one phase at a time (SEED drafts some streams while the target verifies others)."""
+
+    def __init__(
+        self, decoder: Decoder, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None
+    ) -> None:
+        if config.method == "sd" and decoder.proposer is None:
             raise ValueError("method 'sd' needs a draft: pass a proposer (a draft model or ngram)")
-        if config.stop and self.detokenize is None:
+        if config.stop and decoder.detokenize is None:
             raise ValueError("stop strings need a detokenizer")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        runner = decoder.runner
         for i, p in enumerate(prompts):
-            if len(p) + config.max_new_tokens > self.runner.max_context:
+            if len(p) + config.max_new_tokens > runner.max_context:
                 raise ValueError(
                     f"prompt {i} has {len(p)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the "
-                    f"model's context of {self.runner.max_context} tokens"
+                    f"model's context of {runner.max_context} tokens"
                 )
-        generator = torch.Generator().manual_seed(config.seed)
-        batch = DecodeStats()
-        t0 = time.perf_counter()
-        streams = [_Stream(i, self.runner.new_stream(), list(p)) for i, p in enumerate(prompts)]
-        try:
-            self._prefill(streams, config, generator, batch)
-            active = [s for s in streams if s.finish is None]
-            while active:
-                self._step(active, config, generator, batch)
-                active = [s for s in active if s.finish is None]
-        finally:
-            self.runner.abort()  # an error mid-step must not leave a forward pending
-            for s in streams:
+        self.decoder, self.runner, self.proposer, self.config = decoder, runner, decoder.proposer, config
+        if seeds is None:  # independent per-stream seeds drawn from the call's seed
+            seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
+        self.batch = DecodeStats()
+        self._t0 = time.perf_counter()
+        self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
+        self.streams = [
+            _Stream(i, runner.new_stream(), list(p), torch.Generator().manual_seed(seed))
+            for i, (p, seed) in enumerate(zip(prompts, seeds))
+        ]
+
+    def __enter__(self) -> DecodeSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.runner.abort()  # an error mid-step must not leave a forward pending
+        for s in self.streams:
+            if s.sid in self.runner.cache.streams:
                 self.runner.release(s.sid)
-                if self.proposer is not None:
-                    self.proposer.release(s.key)
-        batch.time_total = time.perf_counter() - t0
-        return [self._result(s, batch) for s in streams]
+            if self.proposer is not None:
+                self.proposer.release(s.key)
+        for entry in self._prompts.values():
+            self.runner.release(entry.sid)
+        self._prompts.clear()
+        self.batch.time_total = time.perf_counter() - self._t0
+
+    def results(self) -> list[StreamResult]:
+        return [self._result(s) for s in self.streams]
 
     # -- phases ----------------------------------------------------------------------------
-    def _prefill(self, streams: list[_Stream], config: DecodeConfig, generator, batch: DecodeStats) -> None:
-        """Run every prompt but its last token's successor; the first new token becomes pending."""
-        trees = [StreamTree(s.sid, TokenTree.chain(s.prompt)) for s in streams]
-        out = self.runner.forward(trees, last_only=True, hidden_layer=self._hidden_layer(config))
-        self.runner.commit_all()
-        batch.target_forwards += 1
-        for i, (s, logits) in enumerate(zip(streams, out.logits)):
-            if out.hidden is not None:
-                s.unseen_hidden.append(out.hidden[i])
+    def prefill(self, streams: Sequence[_Stream]) -> None:
+        """Run each stream's prompt; its first new token becomes pending. Prompts are prefilled once
+        per distinct text (the n thoughts of one state fork one prompt's KV) and a prefix common to
+        all new prompts (a shared few-shot header) is run once."""
+        new = list(dict.fromkeys(tuple(s.prompt) for s in streams if tuple(s.prompt) not in self._prompts))
+        if new:
+            self._prefill_prompts(new)
+        hidden_layer = self._hidden_layer()
+        for s in streams:
+            entry = self._prompts[tuple(s.prompt)]
+            self.runner.release(s.sid)
+            s.sid = self.runner.new_stream(fork_of=entry.sid)
+            if hidden_layer is not None:
+                s.unseen_hidden.append(entry.hidden)
             s.stats.prompt_tokens = len(s.prompt)
-            self._emit(s, [self._sample_one(logits[0], config.sampling, generator)], config)
+            self._emit(s, [self._sample_one(entry.logits, s.generator)])
 
-    def _step(self, active: list[_Stream], config: DecodeConfig, generator, batch: DecodeStats) -> None:
-        drafts = self._propose(active, config, generator, batch)
-        t = time.perf_counter()
-        trees = [StreamTree(s.sid, d.tree(root=s.generated[-1])) for s, d in zip(active, drafts)]
-        # the root is the pending token: already emitted, not yet run through the target
-        out = self.runner.forward(trees, hidden_layer=self._hidden_layer(config))
-        batch.target_forwards += 1
-        accepted: dict[int, list[int]] = {}
-        for i, (s, d, st, logits) in enumerate(zip(active, drafts, trees, out.logits)):
-            path, next_token = self._verify(d, st.tree, logits, config.sampling, generator)
-            s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
-            s.stats.record_ranks(_accepted_ranks(st.tree, path))
-            if d.confidence is not None:
-                on_path = set(path)
-                tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]
-                s.stats.record_calibration([float(d.confidence[i - 1]) for i in tested], [i in on_path for i in tested])
-            kept = self._emit(s, st.tree.tokens[path[1:]].tolist() + [next_token], config)
-            # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
-            accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
+    def _prefill_prompts(self, prompts: list[tuple[int, ...]]) -> None:
+        hidden_layer = self._hidden_layer()
+        shared = _common_prefix_len(prompts) if len(prompts) > 1 else 0
+        base, base_hidden = None, None
+        if shared >= MIN_SHARED_PREFIX:
+            base = self.runner.new_stream()
+            out = self.runner.forward(
+                [StreamTree(base, TokenTree.chain(prompts[0][:shared]))], last_only=True, hidden_layer=hidden_layer
+            )
+            self.runner.commit_all()
+            self.batch.target_forwards += 1
+            base_hidden = None if out.hidden is None else out.hidden[0]
+        else:
+            shared = 0
+        sids = [self.runner.new_stream(fork_of=base) for _ in prompts]
+        trees = [StreamTree(sid, TokenTree.chain(list(p[shared:]))) for sid, p in zip(sids, prompts)]
+        out = self.runner.forward(trees, last_only=True, hidden_layer=hidden_layer)
+        self.runner.commit_all()
+        self.batch.target_forwards += 1
+        for i, (p, sid) in enumerate(zip(prompts, sids)):
+            hidden = None
             if out.hidden is not None:
-                s.unseen_hidden.append(out.hidden[i][accepted[s.sid]])
-        self.runner.commit(accepted)
-        batch.time_verify += time.perf_counter() - t
+                hidden = out.hidden[i] if base_hidden is None else torch.cat([base_hidden, out.hidden[i]])
+            self._prompts[p] = _PromptEntry(sid, out.logits[i][0], hidden)
+        if base is not None:
+            self.runner.release(base)
 
-    def _propose(self, active: list[_Stream], config: DecodeConfig, generator, batch: DecodeStats) -> list[Draft]:
+    def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
+        """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree."""
+        config = self.config
         if config.method == "ar":
-            return [Draft.empty() for _ in active]
+            return [Draft.empty() for _ in streams]
         t = time.perf_counter()
         requests = [
             # never draft past max_new_tokens: the last token of the budget is always a target token
@@ -166,25 +230,50 @@ class Decoder:
                 s.tokens,
                 min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1),
                 torch.cat(s.unseen_hidden) if s.unseen_hidden else None,
+                generator=s.generator,
+                policy=policy,
             )
-            for s in active
+            for s in streams
         ]
-        for s in active:
+        for s in streams:
             s.unseen_hidden = []
         before = self.proposer.forwards
-        drafts = self.proposer.propose(requests, config.sampling, generator)
-        batch.draft_forwards += self.proposer.forwards - before
-        batch.time_draft += time.perf_counter() - t
+        drafts = self.proposer.propose(requests, config.sampling, None)
+        self.batch.draft_forwards += self.proposer.forwards - before
+        self.batch.time_draft += time.perf_counter() - t
         return drafts
 
-    def _hidden_layer(self, config: DecodeConfig) -> int | None:
-        return self.hidden_layer if config.method == "sd" else None
+    def verify(self, streams: Sequence[_Stream], drafts: Sequence[Draft]) -> None:
+        """One target forward over every stream's tree (root = its pending token), then verify,
+        commit the accepted paths and emit."""
+        t = time.perf_counter()
+        trees = [StreamTree(s.sid, d.tree(root=s.generated[-1])) for s, d in zip(streams, drafts)]
+        # the root is the pending token: already emitted, not yet run through the target
+        out = self.runner.forward(trees, hidden_layer=self._hidden_layer())
+        self.batch.target_forwards += 1
+        accepted: dict[int, list[int]] = {}
+        for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
+            path, next_token = self._verify(d, st.tree, logits, s.generator)
+            s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
+            s.stats.record_ranks(_accepted_ranks(st.tree, path))
+            if d.confidence is not None:
+                on_path = set(path)
+                tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]
+                s.stats.record_calibration([float(d.confidence[i - 1]) for i in tested], [i in on_path for i in tested])
+            kept = self._emit(s, st.tree.tokens[path[1:]].tolist() + [next_token])
+            # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
+            accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
+            if out.hidden is not None:
+                s.unseen_hidden.append(out.hidden[i][accepted[s.sid]])
+        self.runner.commit(accepted)
+        self.batch.time_verify += time.perf_counter() - t
 
-    @staticmethod
-    def _verify(
-        draft: Draft, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams, generator
-    ) -> tuple[list[int], int]:
+    def _hidden_layer(self) -> int | None:
+        return self.decoder.hidden_layer if self.config.method == "sd" else None
+
+    def _verify(self, draft: Draft, tree: TokenTree, logits: torch.Tensor, generator) -> tuple[list[int], int]:
         """-> (accepted root-to-node path, recovered or bonus token)."""
+        sampling = self.config.sampling
         if draft.parents is not None:
             rule = "greedy" if sampling.greedy else draft.rule or "deterministic"
             verdict = verify_tree(tree, target_probs(logits, sampling), draft.node_q(), rule, generator)
@@ -195,18 +284,19 @@ class Decoder:
             chain = verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, generator)
         return list(range(chain.num_accepted + 1)), chain.next_token
 
-    @staticmethod
-    def _sample_one(logits: torch.Tensor, sampling: SamplingParams, generator) -> int:
+    def _sample_one(self, logits: torch.Tensor, generator) -> int:
+        sampling = self.config.sampling
         if sampling.greedy:
             return int(logits.argmax())
         return int(sample(target_probs(logits, sampling), generator))
 
-    def _emit(self, s: _Stream, new: list[int], config: DecodeConfig) -> int:
+    def _emit(self, s: _Stream, new: list[int]) -> int:
         """Append tokens until a stop condition; returns how many were kept."""
+        config = self.config
         for i, token in enumerate(new):
             s.generated.append(token)
             s.stats.new_tokens += 1
-            if token in self.eos:
+            if token in self.decoder.eos:
                 s.finish = "eos"
             elif config.stop and self._hit_stop(s, config.stop):
                 s.finish = "stop"
@@ -217,15 +307,27 @@ class Decoder:
         return len(new)
 
     def _hit_stop(self, s: _Stream, stop: tuple[str, ...]) -> bool:
-        tail = self.detokenize(s.generated[-32:])  # a stop string ends in the newest token
+        tail = self.decoder.detokenize(s.generated[-32:])  # a stop string ends in the newest token
         return any(x in tail for x in stop)
 
-    def _result(self, s: _Stream, batch: DecodeStats) -> StreamResult:
-        stats = s.stats
+    def _result(self, s: _Stream) -> StreamResult:
+        stats, batch = s.stats, self.batch
         stats.target_forwards = batch.target_forwards
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats)
+
+
+def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens all prompts share at their start, leaving at least one token of each to run."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        i = 0
+        while i < n and p[i] == first[i]:
+            i += 1
+        n = i
+    return n
 
 
 def _accepted_ranks(tree: TokenTree, path: list[int]) -> list[int]:

@@ -17,6 +17,7 @@ import torch
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.sampling import SamplingParams
 from spectot.spec.tree_verify import TreeRule
+from spectot.spec.trees.dynamic import TreePolicy
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class DraftRequest:
     tokens: torch.Tensor  # (L,) int64: prompt + generated so far, including the pending token
     k: int  # how many tokens to propose at most (a tree: its depth at most)
     hidden: torch.Tensor | None = None  # (m, H) target hidden states of the tokens committed since the last request
+    generator: torch.Generator | None = None  # the stream's own random source (else the propose call's)
+    policy: TreePolicy | None = None  # the tree to grow for this stream (else the proposer's own)
 
 
 @dataclass(frozen=True)

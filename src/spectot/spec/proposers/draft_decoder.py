@@ -112,7 +112,7 @@ class DraftDecoderProposer:
             for r, logits in zip(active, out.logits):
                 q_sub = target_probs(logits, draft_params)  # (rows, head_vocab)
                 read = expand[r.key] if depth > 1 else [0]
-                grew = self._grow(blocks[r.key], policies[r.key], depth, read, q_sub, mode, generator)
+                grew = self._grow(blocks[r.key], policies[r.key], depth, read, q_sub, mode, r.generator or generator)
                 if grew and depth < min(r.k, policies[r.key].max_depth, self._room(r)):
                     still.append(r)
             active = still
@@ -195,6 +195,8 @@ class DraftDecoderProposer:
         return Draft(tokens, q, parents, rule=mode, confidence=confidence)
 
     def _policy_for(self, r: DraftRequest) -> TreePolicy:
+        if r.policy is not None:
+            return r.policy
         return self.policy if self.policy is not None else StaticPolicy(tuple(chain_tree(max(r.k, 1) + 1)))
 
     def _room(self, r: DraftRequest) -> int:

@@ -49,7 +49,7 @@ class DraftModelProposer:
             for r, logits in zip(active, out.logits):
                 self._fed[r.key] = torch.cat([self._fed[r.key], chains[r.key].tokens])
                 q = target_probs(logits[0], params)  # (V,)
-                token = int(q.argmax() if params.greedy else sample(q, generator))
+                token = int(q.argmax() if params.greedy else sample(q, r.generator or generator))
                 drafted[r.key].append(token)
                 probs[r.key].append(q)
                 if len(drafted[r.key]) < min(r.k, room[r.key]):

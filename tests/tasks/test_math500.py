@@ -1,0 +1,149 @@
+"""MATH-500 task: loading, \\boxed extraction, answer normalisation and equivalence, prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spectot.data.jsonl import DataError
+from spectot.tasks.base import Problem
+from spectot.tasks.math500 import Math500Task, extract_boxed, is_equiv, load_problems, normalize_answer
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "math500"
+needs_data = pytest.mark.skipif(not (DATA / "test.jsonl").exists(), reason=f"MATH-500 data not found under {DATA}")
+
+
+@needs_data
+def test_loads_the_real_file() -> None:
+    problems = load_problems(DATA / "test.jsonl")
+    assert len(problems) == 400
+    first = problems[0]
+    assert first.id == "test/precalculus/807.json"
+    assert first.answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert first.meta["subject"] == "Precalculus" and first.meta["level"] == 2 and first.meta["line"] == 1
+    assert len(load_problems(DATA / "test.jsonl", limit=5)) == 5
+
+
+@needs_data
+def test_gold_answers_match_themselves_and_their_solutions() -> None:
+    problems = load_problems(DATA / "test.jsonl")
+    assert all(is_equiv(p.answer, p.answer) for p in problems)
+    agree = [is_equiv(extract_boxed(p.meta["solution"]), p.answer) for p in problems]
+    assert sum(agree) / len(agree) >= 0.95  # 400 / 400 when written
+
+
+def test_malformed_and_incomplete_lines_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "math.jsonl"
+    path.write_text('{"problem": "p", "answer": "1"}\n\n{"problem": "p"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"math\.jsonl:3: no string field 'answer'"):
+        load_problems(path)
+    path.write_text('{"problem": "p", "answer": "1"}\n{oops\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"math\.jsonl:2: not valid JSON"):
+        load_problems(path)
+    assert load_problems(path, limit=1)[0].id == "1"
+
+
+@pytest.mark.parametrize(
+    ("text", "inside"),
+    [
+        ("so $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+        ("first \\boxed{1} then \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ("\\boxed{\\begin{pmatrix} 1 \\\\ {2} \\end{pmatrix}}", "\\begin{pmatrix} 1 \\\\ {2} \\end{pmatrix}"),
+        ("\\fbox{x^{2}+1}", "x^{2}+1"),
+        ("thus $\\boxed 5$.", "5"),
+        ("The answer is $\\frac{3}{4}$.", "\\frac{3}{4}"),
+        ("no answer here", None),
+        ("unbalanced \\boxed{1", None),
+    ],
+)
+def test_extract_boxed(text: str, inside: str | None) -> None:
+    assert extract_boxed(text) == inside
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("\\frac12", "0.5"),
+        ("\\dfrac{1}{2}", "\\frac{1}{2}"),
+        ("\\tfrac{3}{4}", "3/4"),
+        ("10^\\circ", "10"),
+        ("10^{\\circ}", "10"),
+        ("(1,2)", "(1, 2)"),
+        ("\\sqrt{8}", "2\\sqrt{2}"),
+        ("x=3", "3"),
+        ("\\frac{\\pi}{2}", "\\pi/2"),
+        ("1\\frac{4}{5}", "\\frac{9}{5}"),
+        ("6-5i", "-5i+6"),
+        ("2k+2", "2(k+1)"),
+        ("10,\\!080", "10080"),
+        ("\\$32,\\!348", "32348"),
+        ("\\text{(C)}", "C"),
+        ("864 \\mbox{ inches}^2", "864"),
+        ("5.4 \\text{ cents}", "5.4"),
+        ("x \\in [-2,7]", "[-2, 7]"),
+        ("-2, 1", "1,-2"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
+        ("\\frac{1}{x^{2}}", "x^{-2}"),
+        ("\\cot x", "\\frac{\\cos x}{\\sin x}"),
+        ("\\boxed{7}", "7."),
+        ("\\text{Evelyn}", "Evelyn"),
+        (".25", "\\frac14"),
+        ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}"),
+    ],
+)
+def test_equivalent_pairs(pred: str, gold: str) -> None:
+    assert is_equiv(pred, gold)
+    assert is_equiv(gold, pred)
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("3", "4"),
+        ("(1,2)", "[1,2]"),
+        ("(3,4]", "(3,4)"),
+        ("(1,2)", "(2,1)"),
+        ("\\sqrt{8}", "3"),
+        ("1,2", "1,3"),
+        ("x^2", "x^3"),
+        ("\\frac{1}{2}", "0.500001"),
+        ("10^{10^{10}}", "1"),
+        ("\\text{east}", "\\text{west}"),
+        ("1,2,3", "1,2"),
+        ("2\\sqrt{3}", "3\\sqrt{2}"),
+    ],
+)
+def test_non_equivalent_pairs(pred: str, gold: str) -> None:
+    assert not is_equiv(pred, gold)
+
+
+def test_unparseable_and_missing_predictions_are_wrong() -> None:
+    assert not is_equiv(None, "1")
+    assert not is_equiv("", "1")
+    assert not is_equiv("__import__('os')", "1")
+    assert normalize_answer("\\left( 3, \\dfrac{\\pi}{2} \\right).") == "(3,\\frac{\\pi}{2})"
+
+
+def test_prompts_hold_question_and_steps() -> None:
+    task, problem = Math500Task(), Problem.make_dummy("Compute $2^{10}$.", "1024")
+    first = task.thought(problem, ())
+    assert problem.question in first.prompt and "Write Step 1 only" in first.prompt
+    assert "\n\n" in first.stop
+    state = ("We have $2^{10} = (2^5)^2$.", "And $2^5 = 32$.", "So $32^2 = 1024$.")
+    last = task.thought(problem, state)
+    assert "Step 1: We have $2^{10} = (2^5)^2$.\nStep 2: And $2^5 = 32$.\nStep 3: So $32^2 = 1024$.\n" in last.prompt
+    assert "\\boxed{}" in last.prompt.splitlines()[-1]
+    value = task.value(problem, state)
+    assert problem.question in value.prompt and "Latest step: So $32^2 = 1024$." in value.prompt
+    assert task.parse_value("9 out of 10") == 9.0 and task.parse_value("n/a") == 1.0
+
+
+def test_final_state_answer_and_grade() -> None:
+    task, problem = Math500Task(), Problem.make_dummy("Compute $2^{10}$.", "1024")
+    assert not task.is_final(problem, ("We have $2^{10}$.",))
+    done = ("We have $2^{10} = 1024$.", "So the answer is $\\boxed{1,\\!024}$.")
+    assert task.is_final(problem, done) and task.final_answer(problem, done) == "1,\\!024"
+    assert task.grade(problem, task.final_answer(problem, done)) == 1.0
+    assert task.is_final(problem, ("a", "b", "c", "d")) and task.final_answer(problem, ("a", "b")) == ""
+    assert task.grade(problem, "1000") == 0.0 and task.grade(problem, "") == 0.0
