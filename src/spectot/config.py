@@ -14,7 +14,7 @@ Method = Literal["ar", "sd"]
 Kernels = Literal["auto", "torch", "spectot"]
 
 
-TreeKind = Literal["chain", "k_config", "specinfer", "sequoia", "pct", "vct", "cape", "eagle2"]
+TreeKind = Literal["auto", "chain", "k_config", "specinfer", "sequoia", "pct", "vct", "cape", "eagle2"]
 TreeChildren = Literal["auto", "top", "without_replacement", "with_replacement"]
 
 
@@ -97,9 +97,10 @@ class DraftOptions:
     )
 
     tree: TreeKind = field(
-        default="chain",
+        default="auto",
         **opt(
-            "draft tree of a draft decoder (edd/vdm): chain, k_config (--k-config), specinfer (--specinfer KxL), "
+            "draft tree of a draft decoder (edd/vdm): auto (generate: chain; solve: the engine's own: sd chain, "
+            "mcsd/seed k_config, seed-batched/batched-sd Sequoia trees sized for the running streams), chain, k_config (--k-config), specinfer (--specinfer KxL), "
             "sequoia (DP tree for --acceptance, --tree-budget, --tree-depth), or dynamic: pct, vct, cape, eagle2"
         ),
     )
@@ -239,7 +240,8 @@ class TrainDraftOptions:
     layers: int = field(default=0, **opt("decoder layers (0 = 1 for edd, 2 for vdm)"))
     hidden_layer: int = field(default=-4, **opt("target hidden_states index EDD reads (-4 = 4th-to-last)"))
     hidden_states: bool = field(
-        default=True, **opt("EDD reads the target's hidden states; --no-hidden-states is the paper's ablation without them")
+        default=True,
+        **opt("EDD reads the target's hidden states; --no-hidden-states is the paper's ablation without them"),
     )
     head_vocab: int = field(default=8192, **opt("draft head size: the corpus's most frequent tokens (q = 0 elsewhere)"))
     top_k: int = field(default=64, **opt("target probabilities kept per token for the KL loss"))
@@ -343,3 +345,70 @@ class BenchDraftsOptions:
         default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")
     )
     out: str = field(default="runs/bench_drafts", **opt("output folder (JSON, Markdown)"))
+
+
+TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
+EngineName = Literal["ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched"]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    search: Literal["tot-bfs"] = field(default="tot-bfs", **opt("search algorithm: tot-bfs (Tree-of-Thoughts BFS)"))
+    breadth: int = field(default=1, **opt("b: states kept per level"))
+    thoughts: int = field(default=3, **opt("n: thoughts generated per state"))
+    generation: Literal["sample", "propose"] = field(
+        default="sample", **opt("G: sample n thoughts independently, or propose n in one output")
+    )
+    evaluation: Literal["value", "vote"] = field(
+        default="value", **opt("E: value each new state, or vote among the siblings")
+    )
+    n_votes: int = field(default=3, **opt("votes per level (--evaluation vote)"))
+    depth: int = field(default=0, **opt("T: search steps (0 = the task's depth)"))
+    thought_temperature: float = field(default=1.0, **opt("sampling temperature of thoughts (0 = greedy)"))
+    eval_temperature: float = field(default=0.0, **opt("sampling temperature of evaluations (0 = greedy)"))
+    seed: int = field(default=0, **opt("random seed: a run is a pure function of it (whatever the engine)"))
+
+    def __post_init__(self) -> None:
+        for name in ("breadth", "thoughts", "n_votes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.depth < 0 or self.thought_temperature < 0 or self.eval_temperature < 0:
+            raise ValueError("--depth and the temperatures must be >= 0")
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    task: TaskName = field(default="gsm8k", **opt("reasoning task"))
+    data: str = field(
+        default="",
+        **opt(
+            "the task's data file (GSM8K/MATH-500 jsonl, ToT text, Blocksworld json/jsonl); empty = "
+            "the built-in examples"
+        ),
+    )
+    limit: int = field(default=3, **opt("problems to solve (0 = all)"))
+    offset: int = field(default=0, **opt("skip the first N problems"))
+    engine: EngineName = field(
+        default="seed-batched",
+        **opt(
+            "how a level's n generations run: ar / sd / mcsd serially, batched-ar / batched-sd all streams in one "
+            "forward, seed (SEED's rounds), seed-batched (SEED + one forward for all queued trees)"
+        ),
+    )
+    prompt_pool: str = field(default="", **opt("Blocksworld: RAP prompt pool json (empty = built-in demos)"))
+    profile: str = field(
+        default="", **opt("JSON of `spectot tree profile` (t(n), c) for tree sizing; empty = measure at start")
+    )
+    json: str = field(default="", **opt("write one JSON line per problem (tree, answer, stats) to this file"))
+    trace: str = field(default="", **opt("write the per-stream timeline here (draw it with `spectot trace`)"))
+
+    def __post_init__(self) -> None:
+        if self.limit < 0 or self.offset < 0:
+            raise ValueError("--limit and --offset must be >= 0")
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    file: str = field(default="", **opt("timeline JSON written by `spectot solve --trace`", positional=True))
+    out: str = field(default="trace.png", **opt("Gantt chart PNG to write"))
+    title: str = field(default="", **opt("chart title"))

@@ -57,7 +57,7 @@ def make_tree_policy(options: DraftOptions) -> tuple[TreePolicy | None, ChildSam
     depth = options.tree_depth
     auto = {"sequoia": "without_replacement", "k_config": "without_replacement", "specinfer": "with_replacement"}
     children = options.tree_children if options.tree_children != "auto" else auto.get(options.tree, "top")
-    if options.tree == "chain":
+    if options.tree in ("chain", "auto"):
         return None, children
     if options.tree == "k_config":
         return dynamic.StaticPolicy(
@@ -208,3 +208,78 @@ class Pipeline:
         if out.finish_reason == "stop":
             text = text[: min(i for i in (text.find(s) for s in stop) if i >= 0)]
         return Generation(prompt, text, out.prompt_ids, out.token_ids, out.finish_reason, out.stats)
+
+
+# -- engines for a search level (schedulers/) -------------------------------------------------------
+def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOptions, costs: dict | None = None):
+    """(engine, decoding method) for ``spectot solve --engine``: each engine gets its own decoder over
+    the pipeline's target runner, with the draft tree its schedule calls for (``--tree auto``)."""
+    from dataclasses import replace
+
+    from spectot.schedulers.batched import BatchedEngine
+    from spectot.schedulers.seed import SeedEngine
+    from spectot.schedulers.serial import SerialEngine
+
+    def decoder(proposer: Proposer | None) -> Decoder:
+        return Decoder(pipe.runner, pipe.target.eos_token_ids, proposer, pipe.decoder.detokenize)
+
+    if name in ("ar", "batched-ar"):
+        engine = SerialEngine(decoder(None), "ar") if name == "ar" else BatchedEngine(decoder(None), "batched-ar")
+        return engine, "ar"
+    if draft.draft == "none":
+        raise ValueError(f"engine '{name}' needs a draft: pass --draft ngram, edd, vdm or a draft model")
+    auto = {"sd": "chain", "mcsd": "k_config", "seed": "k_config"}
+    tree = draft.tree if draft.tree != "auto" else auto.get(name, "chain")
+    proposer = make_proposer(replace(draft, tree=tree), pipe.target, model)
+    budget = None
+    if name in ("batched-sd", "seed-batched") and draft.tree == "auto" and isinstance(proposer, DraftDecoderProposer):
+        budget = tree_by_streams(draft_acceptance(draft, model.target), costs or measure_solve_costs(pipe, proposer))
+    if name in ("sd", "mcsd"):
+        return SerialEngine(decoder(proposer), name), "sd"
+    if name == "batched-sd":
+        return BatchedEngine(decoder(proposer), name, budget), "sd"
+    if name in ("seed", "seed-batched"):
+        return SeedEngine(decoder(proposer), name, batched=name == "seed-batched", budget=budget), "sd"
+    raise ValueError(f"unknown engine '{name}'")
+
+
+def draft_acceptance(draft: DraftOptions, target: str) -> list[float] | None:
+    """The draft's positional acceptance vector: --acceptance, else the one shipped with the draft."""
+    from spectot.config import parse_acceptance
+
+    if draft.acceptance:
+        return parse_acceptance(draft.acceptance)
+    folder = draft_decoder_folder(draft.draft, target)
+    if folder is not None and (folder / "acceptance.json").is_file():
+        return parse_acceptance(str(folder / "acceptance.json"))
+    return None
+
+
+def measure_solve_costs(pipe: Pipeline, proposer: Proposer) -> dict:
+    """A quick t(n) at powers of two and the draft cost c on this machine (a few seconds)."""
+    from spectot.spec.profile import measure_costs
+
+    return measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=64, reps=2)
+
+
+def tree_by_streams(acceptance: list[float] | None, costs: dict, max_nodes: int = 32, max_depth: int = 8):
+    """B -> the Sequoia tree per stream that Sequoia's hardware-aware rule picks when B streams share
+    each forward (few streams -> big trees, many -> small; None: plain decoding wins, a chain of 1)."""
+    from functools import cache
+
+    from spectot.spec.trees.dynamic import StaticPolicy
+    from spectot.spec.trees.sequoia import sequoia_tree
+    from spectot.spec.trees.sizing import TCurve, choose_tree_size
+
+    if acceptance is None:
+        return None
+    curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
+    table = sequoia_tree(acceptance, max_nodes, max_depth).table
+    c = float(costs.get("c", 0.0))  # a whole draft call (catch-up + one depth): the conservative cost
+
+    @cache
+    def policy(streams: int) -> StaticPolicy:
+        choice = choose_tree_size(table, curve, c, streams=max(1, streams))
+        return StaticPolicy(tuple(sequoia_tree(acceptance, choice.n, choice.d).parents))
+
+    return policy

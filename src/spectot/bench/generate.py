@@ -23,9 +23,8 @@ import torch
 from spectot.bench.progress import progress_bar
 from spectot.config import BenchGenerateOptions, DraftOptions, ModelOptions
 from spectot.data.jsonl import read_field
-from spectot.engine.runner import ModelRunner, StreamTree
-from spectot.engine.token_tree import TokenTree
 from spectot.models.registry import spectot_home
+from spectot.spec.profile import measure_t_curve
 from spectot.pipeline import Pipeline
 from spectot.spec.decoding import DecodeConfig
 from spectot.spec.proposers.ngram import NgramProposer
@@ -33,29 +32,6 @@ from spectot.spec.proposers.ngram import NgramProposer
 logger = logging.getLogger(__name__)
 
 METHODS = ("hf_generate", "hf_prompt_lookup", "spectot_ar", "spectot_sd_ngram")
-
-
-def measure_t_curve(runner: ModelRunner, n_max: int, prefix: int = 128, reps: int = 5) -> list[dict]:
-    """Median seconds of one forward over a chain of n new tokens (all logits), n = 1..n_max."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = runner.model.config.vocab_size
-    sid = runner.new_stream()
-    runner.forward([StreamTree(sid, TokenTree.chain(torch.randint(vocab, (prefix,), generator=gen)))], last_only=True)
-    runner.commit_all()
-    curve = []
-    for n in range(1, n_max + 1):
-        times = []
-        for _ in range(reps + 1):  # first one is warm-up
-            tree = TokenTree.chain(torch.randint(vocab, (n,), generator=gen))
-            t = time.perf_counter()
-            runner.forward([StreamTree(sid, tree)])
-            runner.commit({})
-            times.append(time.perf_counter() - t)
-        curve.append({"n": n, "seconds": sorted(times[1:])[reps // 2]})
-    runner.release(sid)
-    for point in curve:
-        point["relative"] = point["seconds"] / curve[0]["seconds"]
-    return curve
 
 
 def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> dict:

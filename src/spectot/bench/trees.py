@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import json
 import platform
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from spectot.bench.generate import measure_t_curve
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records
 from spectot.config import BenchTreesOptions, DraftOptions, ModelOptions
+from spectot.spec.profile import measure_costs
 from spectot.pipeline import Pipeline, make_proposer, make_tree_policy
 from spectot.spec.decoding import DecodeConfig
-from spectot.spec.proposers.base import DraftRequest
 from spectot.spec.sampling import SamplingParams
 from spectot.spec.trees.sequoia import expected_tokens, sequoia_tree
 from spectot.spec.trees.sizing import TCurve, choose_tree_size
@@ -55,36 +53,7 @@ def measure_acceptance(
 
 def profile_costs(pipe: Pipeline, n_max: int = 64, depths: int = 8, prefix: int = 128, reps: int = 5) -> dict:
     """t(n) of the target (relative to n = 1) and c = one draft depth step / one target step."""
-    curve = measure_t_curve(pipe.runner, n_max, prefix=prefix, reps=reps)
-    result = {"t_curve": [{"n": p["n"], "t": p["relative"], "seconds": p["seconds"]} for p in curve]}
-    proposer = pipe.decoder.proposer
-    if proposer is None:
-        return result
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(int(pipe.target.model.config.vocab_size), (prefix,), generator=gen)
-    hidden_layer = getattr(proposer, "hidden_layer", None)
-    width = int(pipe.target.model.config.hidden_size)
-    times = {}
-    for k in (1, depths):
-        samples = []
-        for rep in range(reps + 1):
-            key = 10_000 + rep  # a fresh stream each time: every call catches up one new entry
-            hidden = None if hidden_layer is None else torch.zeros(prefix - 1, width)
-            proposer.propose([DraftRequest(key, tokens, k, hidden)], SamplingParams(), None)  # catch up the prefix
-            request = DraftRequest(
-                key, torch.cat([tokens, tokens[:1]]), k, None if hidden is None else torch.zeros(1, width)
-            )
-            t = time.perf_counter()
-            proposer.propose([request], SamplingParams(), None)
-            samples.append(time.perf_counter() - t)
-            proposer.release(key)
-        times[k] = sorted(samples[1:])[reps // 2]
-    step = (times[depths] - times[1]) / (depths - 1)  # one more depth of a chain
-    t1 = curve[0]["seconds"]
-    result.update(
-        draft_first_step_s=times[1], draft_step_s=step, target_step_s=t1, c=times[1] / t1, c_extra_depth=step / t1
-    )
-    return result
+    return measure_costs(pipe.runner, pipe.decoder.proposer, n_max, depths, prefix, reps)
 
 
 def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: BenchTreesOptions) -> dict:

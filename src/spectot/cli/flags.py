@@ -1,7 +1,7 @@
 """argparse flags from the typed config dataclasses, and back.
 
 A field ``max_new_tokens: int`` becomes ``--max-new-tokens`` with its help text; ``Literal`` types
-become choices; ``bool`` fields become ``--x / --no-x``.
+become choices; ``bool`` fields become ``--x / --no-x``; ``positional=True`` makes a positional argument.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         kind = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         kw: dict[str, Any] = {"dest": f.name, "help": f"{f.metadata.get('help', '')} (default: {default!r})"}
+        if f.metadata.get("positional"):
+            group.add_argument(f.name, help=f.metadata.get("help", ""), type=str)
+            continue
         if kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
             kw["default"] = default

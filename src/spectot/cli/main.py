@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from spectot.cli.flags import add_flags, from_flags
 from spectot.config import (
@@ -14,6 +15,9 @@ from spectot.config import (
     GenerateOptions,
     ModelOptions,
     SamplingOptions,
+    SearchOptions,
+    SolveOptions,
+    TraceOptions,
     BenchDraftsOptions,
     BenchTreesOptions,
     TrainDraftOptions,
@@ -35,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_flags(gen, cls)
 
     commands.add_parser("models", help="list model aliases and cached models")
+
+    solve = commands.add_parser("solve", help="tree-search reasoning (ToT-BFS) on a task with a chosen engine")
+    for cls in (ModelOptions, DraftOptions, SearchOptions, SolveOptions):
+        add_flags(solve, cls)
+    add_flags(commands.add_parser("trace", help="draw a solve timeline as a Gantt chart"), TraceOptions)
 
     tree = commands.add_parser("tree", help="token-tree tools")
     tree_commands = tree.add_subparsers(dest="tree_command", required=True)
@@ -83,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "models":
             return _models()
+        if args.command == "solve":
+            return _solve(args)
+        if args.command == "trace":
+            return _trace(from_flags(args, TraceOptions))
         if args.command == "tree" and args.tree_command == "sequoia":
             return _tree_sequoia(from_flags(args, TreeSequoiaOptions))
         if args.command == "tree" and args.tree_command in ("measure", "profile"):
@@ -110,6 +123,50 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spectot: error: {err}", file=sys.stderr)
         return 2
     return 1
+
+
+def _solve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from spectot.bench.progress import progress_bar
+    from spectot.cli.tables import solve_table
+    from spectot.solve import run_solve
+
+    model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
+    search, options = from_flags(args, SearchOptions), from_flags(args, SolveOptions)
+    console = Console(stderr=True)
+    with progress_bar() as bar:
+        task = bar.add_task(f"{options.task} / {options.engine}", total=None)
+
+        def report(done: int, total: int, record: dict) -> None:
+            bar.update(task, completed=done, total=total)
+            bar.console.print(
+                f"[{done}/{total}] {record['id']}: grade {record['grade']:.2f}, {record['seconds']:.1f}s, "
+                f"answer {record['answer'][:60]!r}"
+            )
+
+        run = run_solve(model, draft, search, options, report)
+    summary = run.summary()
+    if options.trace:
+        console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")
+    Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / draft {draft.draft}"))
+    return 0
+
+
+def _trace(options: TraceOptions) -> int:
+    from rich.console import Console
+
+    from spectot.bench.trace import draw_gantt
+    from spectot.schedulers.timeline import Timeline
+
+    if not options.file:
+        raise ValueError("give the timeline file: spectot trace FILE --out PNG")
+    summary = draw_gantt(Timeline.load(options.file), options.out, options.title or Path(options.file).stem)
+    Console().print(
+        f"{options.out}: target utilisation {100 * summary['target_utilisation']:.1f}% of "
+        f"{summary['wall_time']:.2f}s wall time, {summary['verify_intervals']} verifications"
+    )
+    return 0
 
 
 def _quiet_transformers() -> None:

@@ -38,3 +38,27 @@ def stats_table(stats: Sequence[DecodeStats], method: str) -> Table:
             f"{s.time_other:.2f}",
         )
     return table
+
+
+def solve_table(summary: dict, title: str) -> Table:
+    """Accuracy, wall time, tokens and per-component (TG / SE) speculation figures of a solve run."""
+    table = Table(title=title)
+    for col in ("component", "levels", "streams", "new tok", "tok/step", "accept rate", "target fwd", "seconds"):
+        table.add_column(col, justify="right")
+    for name, c in summary["components"].items():
+        table.add_row(
+            name,
+            str(c["levels"]),
+            str(c["streams"]),
+            str(c["new_tokens"]),
+            f"{c['tokens_per_step']:.2f}",
+            f"{c['acceptance_rate']:.2f}",
+            str(c["target_forwards"]),
+            f"{c['seconds']:.1f}",
+        )
+    table.caption = (
+        f"{summary['problems']} problems, accuracy {summary['accuracy']:.2f}, wall {summary['seconds']:.1f}s, "
+        f"{summary['new_tokens']} tokens, {summary['tokens_per_second']:.1f} tok/s "
+        "(tok/step: tokens per target step of a stream, bonus token included)"
+    )
+    return table

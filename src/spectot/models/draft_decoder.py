@@ -46,7 +46,9 @@ DraftKind = Literal["edd", "vdm"]
 class DraftDecoderConfig:
     kind: DraftKind
     num_layers: int  # decoder layers (EDD: 1)
-    hidden_layer: int | None  # target hidden_states index fed as the soft prompt (None: none -- VDM, or the EDD ablation)
+    hidden_layer: (
+        int | None
+    )  # target hidden_states index fed as the soft prompt (None: none -- VDM, or the EDD ablation)
     head_vocab: int  # size of the draft head's token subset
     target_fingerprint: str  # sha256 prefix of the target's embedding (see ``fingerprint``)
     target_config: dict  # the target's transformers config (architecture, sizes)

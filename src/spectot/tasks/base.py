@@ -41,7 +41,7 @@ class StepRequest:
 
 VOTE_PROMPT = (  # ToT's vote prompt (Yao et al. 2023, src/tot/prompts/text.py), for any task
     "Given an instruction and several choices, decide which choice is most promising. Analyze each choice in "
-    "detail, then conclude in the last line \"The best choice is {{s}}\", where s the integer id of the choice.\n\n"
+    'detail, then conclude in the last line "The best choice is {{s}}", where s the integer id of the choice.\n\n'
     "Instruction:\n{question}\n\n{choices}"
 )
 PROPOSE_PROMPT = (

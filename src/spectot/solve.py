@@ -1,0 +1,108 @@
+"""`spectot solve`: run a search over a task's problems with one execution engine.
+
+The job wires the layers: task (``tasks/``) -> policy over a local backend (``search/policy.py``)
+-> engine (``schedulers/``) -> decoder (``spec/``). It returns one record per problem (answer, grade,
+the searched tree, per-component counters) and a summary; it never prints (the CLI shows progress
+through ``report``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions
+from spectot.search.policy import ComponentStats, LocalBackend, Policy
+from spectot.search.tot_bfs import BfsConfig, tot_bfs
+from spectot.tasks.registry import load_problems, make_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SolveRun:
+    records: list[dict] = field(default_factory=list)
+    stats: dict[str, ComponentStats] = field(default_factory=dict)
+    seconds: float = 0.0
+    timeline: object | None = None
+
+    def summary(self) -> dict:
+        grades = [r["grade"] for r in self.records]
+        tokens = sum(c.new_tokens for c in self.stats.values())
+        return {
+            "problems": len(self.records),
+            "accuracy": sum(grades) / len(grades) if grades else 0.0,
+            "seconds": self.seconds,
+            "new_tokens": tokens,
+            "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,
+            "components": {k: c.to_dict() for k, c in self.stats.items()},
+        }
+
+
+def bfs_config(search: SearchOptions) -> BfsConfig:
+    return BfsConfig(
+        search.breadth, search.thoughts, search.generation, search.evaluation, search.n_votes, search.depth
+    )
+
+
+def run_solve(
+    model: ModelOptions,
+    draft: DraftOptions,
+    search: SearchOptions,
+    options: SolveOptions,
+    report: Callable[[int, int, dict], None] | None = None,
+    pipe=None,
+) -> SolveRun:
+    """Solve ``options.limit`` problems; ``report(done, total, record)`` after each one. ``pipe``: a
+    loaded Pipeline to reuse (benchmarks run several engines on one model)."""
+    from spectot.pipeline import Pipeline, make_engine
+    from spectot.schedulers.timeline import Timeline
+
+    task = make_task(options.task, search.depth, options.prompt_pool)
+    problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
+    if pipe is None:
+        pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    costs = json.loads(Path(options.profile).read_text()) if options.profile else None
+    engine, method = make_engine(pipe, options.engine, draft, model, costs)
+    timeline = Timeline() if options.trace else None
+    tokenizer = pipe.target.tokenizer
+    backend = LocalBackend(
+        pipe.encode,
+        lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        engine,
+        method,
+        draft.num_draft_tokens,
+        timeline,
+    )
+    policy = Policy(backend, search.seed, search.thought_temperature, search.eval_temperature)
+    run = SolveRun(stats=backend.stats, timeline=timeline)
+    out = Path(options.json) if options.json else None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("")
+    t0 = time.perf_counter()
+    for i, problem in enumerate(problems):
+        t = time.perf_counter()
+        result = tot_bfs(task, problem, policy, bfs_config(search))
+        record = {
+            **result.to_dict(),
+            "question": problem.question,
+            "gold": problem.answer if isinstance(problem.answer, (str, list)) else str(problem.answer),
+            "grade": task.grade(problem, result.answer),
+            "seconds": time.perf_counter() - t,
+            "engine": options.engine,
+        }
+        run.records.append(record)
+        if out is not None:
+            with out.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        if report is not None:
+            report(i + 1, len(problems), record)
+    run.seconds = time.perf_counter() - t0
+    if timeline is not None:
+        timeline.save(options.trace)
+    return run

@@ -1,0 +1,87 @@
+"""Measuring this machine's costs for Sequoia's hardware-aware sizing: t(n) and the draft step cost c.
+
+t(n): median seconds of one target forward over a chain of n new tokens (all logits) after a fixed
+prefix, relative to n = 1. c: one draft call (catch up one committed entry and draft depth 1) over
+one target step; ``c_extra_depth``: each further depth of a chain over one target step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.token_tree import TokenTree
+from spectot.spec.proposers.base import DraftRequest, Proposer
+from spectot.spec.sampling import SamplingParams
+
+
+def measure_t_curve(
+    runner: ModelRunner, n_max: int, prefix: int = 128, reps: int = 5, ns: Sequence[int] | None = None
+) -> list[dict]:
+    """[{n, seconds, relative}] for n = 1..n_max (or the given ``ns``, which must start at 1)."""
+    ns = list(range(1, n_max + 1)) if ns is None else list(ns)
+    if not ns or ns[0] != 1:
+        raise ValueError(f"the t(n) curve starts at n = 1, got {ns}")
+    gen = torch.Generator().manual_seed(0)
+    vocab = runner.model.config.vocab_size
+    sid = runner.new_stream()
+    runner.forward([StreamTree(sid, TokenTree.chain(torch.randint(vocab, (prefix,), generator=gen)))], last_only=True)
+    runner.commit_all()
+    curve = []
+    for n in ns:
+        times = []
+        for _ in range(reps + 1):  # first one is warm-up
+            tree = TokenTree.chain(torch.randint(vocab, (n,), generator=gen))
+            t = time.perf_counter()
+            runner.forward([StreamTree(sid, tree)])
+            runner.commit({})
+            times.append(time.perf_counter() - t)
+        curve.append({"n": n, "seconds": sorted(times[1:])[reps // 2]})
+    runner.release(sid)
+    for point in curve:
+        point["relative"] = point["seconds"] / curve[0]["seconds"]
+    return curve
+
+
+def measure_costs(
+    runner: ModelRunner,
+    proposer: Proposer | None,
+    n_max: int = 64,
+    depths: int = 8,
+    prefix: int = 128,
+    reps: int = 5,
+    ns: Sequence[int] | None = None,
+) -> dict:
+    """{"t_curve": [{n, t, seconds}], and with a draft: c, c_extra_depth, the seconds they come from}."""
+    curve = measure_t_curve(runner, n_max, prefix=prefix, reps=reps, ns=ns)
+    result = {"t_curve": [{"n": p["n"], "t": p["relative"], "seconds": p["seconds"]} for p in curve]}
+    if proposer is None:
+        return result
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(int(runner.model.config.vocab_size), (prefix,), generator=gen)
+    hidden_layer = getattr(proposer, "hidden_layer", None)
+    width = int(runner.model.config.hidden_size)
+    times = {}
+    for k in (1, depths):
+        samples = []
+        for rep in range(reps + 1):
+            key = 10_000 + rep  # a fresh stream each time: every call catches up one new entry
+            hidden = None if hidden_layer is None else torch.zeros(prefix - 1, width)
+            proposer.propose([DraftRequest(key, tokens, k, hidden)], SamplingParams(), None)  # catch up the prefix
+            request = DraftRequest(
+                key, torch.cat([tokens, tokens[:1]]), k, None if hidden is None else torch.zeros(1, width)
+            )
+            t = time.perf_counter()
+            proposer.propose([request], SamplingParams(), None)
+            samples.append(time.perf_counter() - t)
+            proposer.release(key)
+        times[k] = sorted(samples[1:])[reps // 2]
+    step = (times[depths] - times[1]) / (depths - 1)  # one more depth of a chain
+    t1 = curve[0]["seconds"]
+    result.update(
+        draft_first_step_s=times[1], draft_step_s=step, target_step_s=t1, c=times[1] / t1, c_extra_depth=step / t1
+    )
+    return result
