@@ -270,7 +270,7 @@ class ModelRunner:
         tokens = torch.cat([st.tree.tokens for st in trees]).to(self.device)
         embeds = self._embeds(trees, tokens)
         positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
-        mask = self._tree_mask(trees, offsets, start, total)
+        segments = self._segments(trees, offsets, start)
         if last_only:
             logit_rows = [[n - 1] for n in sizes]
         rows = (
@@ -283,7 +283,7 @@ class ModelRunner:
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
         with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
-            logits, hidden = self._run(embeds, positions, mask, start, rows, hidden_index)
+            logits, hidden = self._run(embeds, positions, segments, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
         per_stream = list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
@@ -299,21 +299,30 @@ class ModelRunner:
         parts = x.split([len(st.tree) for st in trees])
         return torch.cat([p if st.embeds is None else st.embeds.to(p) for p, st in zip(parts, trees)])
 
-    def _tree_mask(self, trees: Sequence[StreamTree], offsets: list[int], start: int, total: int) -> torch.Tensor:
-        """Additive float64 mask (N, start + N): 0 where a new token may attend, -inf elsewhere."""
-        allowed = torch.zeros(total, start + total, dtype=torch.bool)
+    def _segments(
+        self, trees: Sequence[StreamTree], offsets: list[int], start: int
+    ) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
+        """Per stream: its rows of this forward, the cache columns they read (the stream's slots, then
+        its new slots) and the additive float64 mask over those columns (0 = may attend, -inf = not).
+        Attending per stream keeps the cost at each stream's own length, whatever else the cache holds.
+
+        Example: stream A holds slots [0, 1, 2] and brings a 2-node chain written at slots [7, 8]:
+        rows 0:2, columns [0, 1, 2, 7, 8], mask rows [0 0 0 0 -inf] and [0 0 0 0 0]."""
+        segments = []
         for st, o in zip(trees, offsets):
             n = len(st.tree)
-            allowed[o : o + n].index_fill_(1, self.cache.slots(st.stream), True)
-            allowed[o : o + n, start + o : start + o + n] = st.tree.ancestors
-        mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill_(~allowed, float("-inf"))
-        return mask.to(self.device)
+            old = self.cache.slots(st.stream)
+            columns = torch.cat([old, torch.arange(start + o, start + o + n)])
+            mask = torch.zeros(n, old.numel() + n, dtype=torch.float64)
+            mask[:, old.numel() :].masked_fill_(~st.tree.ancestors, float("-inf"))
+            segments.append((slice(o, o + n), columns.to(self.device), mask.to(self.device)))
+        return segments
 
     def _run(
         self,
         embeds: torch.Tensor,  # (N, H)
         positions: torch.Tensor,  # (N,)
-        mask: torch.Tensor,  # (N, S) float64
+        segments: list[tuple[slice, torch.Tensor, torch.Tensor]],  # per stream: rows, columns, mask
         start: int,
         rows: torch.Tensor | None,
         hidden_index: int | None,
@@ -323,7 +332,7 @@ class ModelRunner:
         cos, sin = self._rotary(x, positions[None])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
-            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, mask, start)
+            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, segments, start)
             gate, up = linear(layer.post_norm(x), layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
             x = x + linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)  # SwiGLU MLP
             if hidden_index == i + 1 < len(self._layers):
@@ -343,7 +352,7 @@ class ModelRunner:
         x: torch.Tensor,  # (1, N, H)
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        segments: list[tuple[slice, torch.Tensor, torch.Tensor]],
         start: int,
     ) -> torch.Tensor:
         n = x.shape[1]
@@ -357,7 +366,11 @@ class ModelRunner:
         kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
         kv[0, :, start : start + n] = k[0]
         kv[1, :, start : start + n] = v[0].transpose(0, 1)
-        out = self._attend(q[0], kv[0, :, : start + n], kv[1, :, : start + n], mask, layer.scaling)
+        parts = []
+        for row_slice, columns, mask in segments:  # each stream attends only to its own slots
+            keys, values = kv[:, :, columns].unbind(0)  # (H_kv, S_stream, D) each
+            parts.append(self._attend(q[0, :, row_slice], keys, values, mask, layer.scaling))
+        out = torch.cat(parts, 1)  # (H, N, D)
         return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n, -1), layer.o_weight, layer.o_bias)
 
     # -- commit ----------------------------------------------------------------------------
