@@ -1,5 +1,6 @@
 # Two commands for a newcomer (Python 3.11, nothing else):
-#   make run    — the main job: speculative decoding on the built-in default model, then the benchmark
+#   make run    — the main job: ToT-BFS on built-in GSM8K-style problems with the SEED engine on the
+#                 built-in default model, then its Gantt chart
 #   make test   — the test suite
 # Both create .venv and install what they need (torch pinned to the 2.13.0 CPU wheel first, so no
 # CUDA packages are pulled; on a GPU machine install your own torch before `make setup`).
@@ -23,13 +24,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/spectot generate --method sd --draft ngram --max-new-tokens 128 \
-	  --prompt "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+	$(BIN)/spectot solve --limit 2 --engine seed-batched --json runs/solve/records.jsonl --trace runs/solve/trace.json
+	$(BIN)/spectot trace runs/solve/trace.json --out runs/solve/trace.png
 
 bench: setup
 	$(BIN)/spectot bench generate --data ../shared/data/gsm8k/test.jsonl --out runs/bench_generate
 
-run: demo bench
+run: demo
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -74,3 +74,35 @@ def test_draft_alias_for_a_target_without_shipped_drafts_names_the_fix() -> None
     with pytest.raises(FileNotFoundError, match="train-draft"):
         draft_decoder_folder("edd", "some-other-model")
     assert draft_decoder_folder("ngram", "smollm2-135m") is None
+
+
+ENGINES = ("ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched")
+
+
+def test_every_engine_builds_the_same_tot_tree_as_ar(pipeline) -> None:
+    """ToT-BFS (greedy G and E) on 2 GSM8K questions: every engine's searched tree and answer equal
+    serial ar's, token for token (fp32)."""
+    from spectot.config import DraftOptions, ModelOptions
+    from spectot.pipeline import make_engine
+    from spectot.search.policy import LocalBackend, Policy
+    from spectot.search.tot_bfs import BfsConfig, tot_bfs
+    from spectot.tasks.gsm8k import Gsm8kTask, load_problems
+
+    if not GSM8K.exists():
+        pytest.skip(f"{GSM8K} is missing")
+    problems = load_problems(GSM8K, limit=2)
+    task = Gsm8kTask(depth=2, max_step_tokens=24)
+    tokenizer = pipeline.target.tokenizer
+    trees = {}
+    for name in ENGINES:
+        engine, method = make_engine(pipeline, name, DraftOptions(draft="ngram"), ModelOptions(dtype="fp32"))
+        backend = LocalBackend(
+            pipeline.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), engine, method
+        )
+        policy = Policy(backend, seed=0, thought_temperature=0.0, eval_temperature=0.0)
+        results = [tot_bfs(task, p, policy, BfsConfig(breadth=1, thoughts=2)) for p in problems]
+        trees[name] = [(r.answer, [[(n.state, n.value) for n in level] for level in r.levels]) for r in results]
+        if method == "sd":
+            assert backend.stats["TG"].accepted + backend.stats["SE"].accepted > 0
+    for name in ENGINES[1:]:
+        assert trees[name] == trees["ar"], name

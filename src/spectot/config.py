@@ -412,3 +412,21 @@ class TraceOptions:
     file: str = field(default="", **opt("timeline JSON written by `spectot solve --trace`", positional=True))
     out: str = field(default="trace.png", **opt("Gantt chart PNG to write"))
     title: str = field(default="", **opt("chart title"))
+
+
+@dataclass(frozen=True)
+class BenchTotOptions:
+    tasks: str = field(default="gsm8k", **opt("comma-separated tasks: gsm8k, creative_writing, blocksworld"))
+    gsm8k: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K test jsonl"))
+    creative_writing: str = field(
+        default="../shared/data/tot_creative_writing/data_100_random_text.txt", **opt("ToT Creative Writing text")
+    )
+    blocksworld: str = field(
+        default="../shared/data/blocksworld/split_v1_step_6_rendered.jsonl", **opt("Blocksworld rendered jsonl")
+    )
+    prompt_pool: str = field(default="../shared/data/blocksworld/prompts/pool_prompt_v1.json", **opt("RAP pool"))
+    problems: int = field(default=10, **opt("problems per task"))
+    engines: str = field(
+        default="ar,sd,mcsd,batched-ar,batched-sd,seed,seed-batched", **opt("comma-separated engines to compare")
+    )
+    out: str = field(default="runs/bench_tot", **opt("output folder (JSON, Markdown, records for resuming)"))

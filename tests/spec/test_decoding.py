@@ -345,9 +345,7 @@ def sample_counts(decoder: Decoder, method: str, prompt: list[int], calls: int) 
     counts: Counter = Counter()
     proposed = accepted = 0
     for seed in range(calls):
-        config = DecodeConfig(
-            max_new_tokens=DIST_TOKENS, sampling=SAMPLE, method=method, num_draft_tokens=2, seed=seed
-        )
+        config = DecodeConfig(max_new_tokens=DIST_TOKENS, sampling=SAMPLE, method=method, num_draft_tokens=2, seed=seed)
         for out in decoder.generate([prompt] * DIST_STREAMS, config):
             counts[tuple(out.token_ids)] += 1
             proposed += out.stats.proposed

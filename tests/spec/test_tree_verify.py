@@ -107,9 +107,7 @@ def test_deterministic_top_k_accepts_with_the_children_target_mass() -> None:
     children = [5, 1, 6]
     tree = TokenTree(torch.tensor([0, *children]), torch.tensor([-1, 0, 0, 0]))
     gen = torch.Generator().manual_seed(9)
-    accepted = sum(
-        verify_tree(tree, p.expand(4, V), None, "deterministic", gen).num_accepted for _ in range(TRIALS)
-    )
+    accepted = sum(verify_tree(tree, p.expand(4, V), None, "deterministic", gen).num_accepted for _ in range(TRIALS))
     expected = float(p[children].sum())
     assert abs(accepted / TRIALS - expected) < 4 * (expected * (1 - expected) / TRIALS) ** 0.5
 

@@ -19,6 +19,7 @@ from spectot.config import (
     SolveOptions,
     TraceOptions,
     BenchDraftsOptions,
+    BenchTotOptions,
     BenchTreesOptions,
     TrainDraftOptions,
     TreeMeasureOptions,
@@ -77,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_drafts = bench_commands.add_parser("drafts", help="n-gram / VDM / EDD / EDD + PCT drafts and ablations")
     for cls in (ModelOptions, BenchDraftsOptions):
         add_flags(bench_drafts, cls)
+    bench_tot = bench_commands.add_parser("tot", help="SEED's tables: every engine on ToT-BFS tasks, one run")
+    for cls in (ModelOptions, DraftOptions, SearchOptions, BenchTotOptions):
+        add_flags(bench_tot, cls)
     return parser
 
 
@@ -105,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
 
             run_bench_trees(
                 from_flags(args, ModelOptions), from_flags(args, DraftOptions), from_flags(args, BenchTreesOptions)
+            )
+            return 0
+        if args.command == "bench" and args.bench == "tot":
+            from spectot.bench.tot import run_bench_tot
+
+            run_bench_tot(
+                from_flags(args, ModelOptions),
+                from_flags(args, DraftOptions),
+                from_flags(args, SearchOptions),
+                from_flags(args, BenchTotOptions),
             )
             return 0
         if args.command == "bench" and args.bench == "drafts":

@@ -66,8 +66,11 @@ def test_catalan_counts() -> None:
 def test_dp_equals_brute_force_up_to_seven_nodes(acceptance: list[float], max_depth: int | None) -> None:
     for n in range(2, 8):
         best = max(
-            (expected_tokens(to_parents(t), acceptance) for t in plane_trees(n)
-             if max_depth is None or depth(to_parents(t)) <= max_depth),
+            (
+                expected_tokens(to_parents(t), acceptance)
+                for t in plane_trees(n)
+                if max_depth is None or depth(to_parents(t)) <= max_depth
+            ),
             default=-math.inf,
         )
         dp = sequoia_tree(acceptance, n, max_depth)

@@ -31,8 +31,17 @@ def test_specinfer_sequences_share_only_the_root() -> None:
     assert int(tree.depths.max()) == 3
 
 
-@pytest.mark.parametrize("make", [lambda: k_config_tree(()), lambda: k_config_tree((2, 0)), lambda: chain_tree(0),
-                                  lambda: specinfer_tree(0, 2), lambda: specinfer_tree(2, 0), lambda: k_ary_tree(2, 0)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: k_config_tree(()),
+        lambda: k_config_tree((2, 0)),
+        lambda: chain_tree(0),
+        lambda: specinfer_tree(0, 2),
+        lambda: specinfer_tree(2, 0),
+        lambda: k_ary_tree(2, 0),
+    ],
+)
 def test_impossible_shapes_are_refused(make) -> None:
     with pytest.raises(ValueError):
         make()

@@ -1,0 +1,141 @@
+"""`spectot bench tot`: SEED's tables 1 and 2 on this machine — every engine, same problems, one run.
+
+For each task (GSM8K depth 4, Creative Writing depth 2, Blocksworld depth 7) and each engine, ToT-BFS
+runs the same problems with the same seeds on one loaded target; per engine: wall time, tokens,
+tokens per target step and acceptance rate of the Thought Generator (TG) and State Evaluator (SE),
+accuracy, whether the answers equal serial ``ar``'s, and the speedup over serial ``ar`` and over
+``batched-ar``. A problem is one record (appended as it finishes), so an interrupted run resumes.
+Greedy decoding makes every engine's tree identical to ``ar``'s; at temperature 1 (the default, as in
+the paper) ``ar`` and ``batched-ar`` still draw identical samples, speculative engines draw from the
+same distribution with other random numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from spectot.bench.progress import progress_bar
+from spectot.bench.records import append_record, load_records
+from spectot.config import BenchTotOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions
+from spectot.search.policy import ComponentStats
+
+
+def run_bench_tot(
+    model_opts: ModelOptions, draft_opts: DraftOptions, search: SearchOptions, opts: BenchTotOptions
+) -> dict:
+    from spectot.pipeline import Pipeline, measure_solve_costs, make_proposer
+    from spectot.solve import run_solve
+
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if model_opts.threads:
+        torch.set_num_threads(model_opts.threads)
+    pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
+    tasks = [t.strip() for t in opts.tasks.split(",") if t.strip()]
+    engines = [e.strip() for e in opts.engines.split(",") if e.strip()]
+    config_key = {**asdict(opts), **asdict(model_opts), **asdict(draft_opts), **asdict(search)}
+    records = load_records(out / "records.jsonl", config_key)
+    costs = records.get(("costs",))
+    if costs is None and draft_opts.draft != "none":  # one t(n) / c measurement shared by every engine
+        costs = measure_solve_costs(pipe, make_proposer(replace(draft_opts, tree="chain"), pipe.target, model_opts))
+        append_record(out / "records.jsonl", config_key, ("costs",), costs, records)
+    (out / "profile.json").write_text(json.dumps(costs or {}))
+    todo = [(t, e, i) for t in tasks for e in engines for i in range(opts.problems) if (t, e, i) not in records]
+    with progress_bar() as bar:
+        job = bar.add_task("bench tot", total=len(todo))
+        for task, engine, i in todo:
+            solve = SolveOptions(
+                task=task,
+                data=getattr(opts, task) if task != "math500" else "",
+                limit=1,
+                offset=i,
+                engine=engine,
+                prompt_pool=opts.prompt_pool if task == "blocksworld" else "",
+                profile=str(out / "profile.json") if costs else "",
+            )
+            run = run_solve(model_opts, draft_opts, search, solve, pipe=pipe)
+            [record] = run.records
+            value = {
+                "answer": record["answer"],
+                "best_state": record["best_state"],
+                "grade": record["grade"],
+                "seconds": run.seconds,
+                "components": {k: asdict(c) for k, c in run.stats.items()},
+            }
+            append_record(out / "records.jsonl", config_key, (task, engine, i), value, records)
+            bar.advance(job)
+    rows = [
+        summarise(
+            task,
+            engine,
+            [records[(task, engine, i)] for i in range(opts.problems)],
+            [records[(task, "ar", i)] for i in range(opts.problems)] if "ar" in engines else None,
+        )
+        for task in tasks
+        for engine in engines
+    ]
+    for task in tasks:
+        base = {r["engine"]: r for r in rows if r["task"] == task}
+        for r in rows:
+            if r["task"] != task:
+                continue
+            for ref in ("ar", "batched-ar"):
+                r[f"speedup_vs_{ref}"] = base[ref]["seconds"] / r["seconds"] if ref in base else None
+    result = {
+        "rows": rows,
+        "costs": costs,
+        "config": config_key,
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "results.md").write_text(markdown(rows))
+    return result
+
+
+def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None) -> dict:
+    comps: dict[str, ComponentStats] = {}
+    for v in values:
+        for name, c in v["components"].items():
+            total = comps.setdefault(name, ComponentStats())
+            for k, x in c.items():
+                setattr(total, k, getattr(total, k) + x)
+    row = {
+        "task": task,
+        "engine": engine,
+        "problems": len(values),
+        "seconds": sum(v["seconds"] for v in values),
+        "accuracy": sum(v["grade"] for v in values) / len(values),
+        "new_tokens": sum(c.new_tokens for c in comps.values()),
+        "same_answers_as_ar": None
+        if ar is None
+        else sum(v["best_state"] == a["best_state"] for v, a in zip(values, ar)),
+    }
+    for name, c in comps.items():
+        row[f"{name}_tokens_per_step"] = c.tokens_per_step
+        row[f"{name}_acceptance"] = c.acceptance_rate
+        row[f"{name}_seconds"] = c.seconds
+    row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    head = (
+        "| task | engine | problems | seconds | tok/s | speedup vs ar | speedup vs batched-ar | TG tok/step | "
+        "SE tok/step | TG accept | SE accept | TG s | SE s | accuracy | same tree as ar |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+    lines = [
+        f"| {r['task']} | {r['engine']} | {r['problems']} | {fmt(r['seconds'], 1)} | {fmt(r['tokens_per_second'], 1)} | "
+        f"{fmt(r.get('speedup_vs_ar'))} | {fmt(r.get('speedup_vs_batched-ar'))} | {fmt(r.get('TG_tokens_per_step'))} | "
+        f"{fmt(r.get('SE_tokens_per_step'))} | {fmt(r.get('TG_acceptance'))} | {fmt(r.get('SE_acceptance'))} | "
+        f"{fmt(r.get('TG_seconds'), 1)} | {fmt(r.get('SE_seconds'), 1)} | {fmt(r['accuracy'])} | "
+        f"{'-' if r['same_answers_as_ar'] is None else r['same_answers_as_ar']}/{r['problems']} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""ToT-BFS on a scripted backend: expansion, evaluation, selection of the b best, final states, votes.
+
+The backend is scripted (it answers prompts from a table), the search is the real one: what is
+checked is which prompts BFS asks for, level by level, and which states it keeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spectot.search.policy import GenerationCall, Policy, cut_at_stop, stream_seeds
+from spectot.search.tot_bfs import BfsConfig, Node, select_best, tally_votes, tot_bfs
+from spectot.tasks.base import Problem, State, StepRequest, Task
+
+
+class CountingTask(Task):
+    """A state is a list of digits; E's value of a state is its last digit; final at 3 steps or a 9."""
+
+    name = "counting"
+    depth = 3
+
+    def thought(self, problem: Problem, state: State) -> StepRequest:
+        return StepRequest("G:" + ",".join(state), ("\n",), 4)
+
+    def parse_thought(self, problem: Problem, state: State, text: str) -> str:
+        return text.strip()
+
+    def value(self, problem: Problem, state: State) -> StepRequest:
+        return StepRequest("E:" + ",".join(state), ("\n",), 2)
+
+    def parse_value(self, text: str) -> float:
+        return float(text) if text.strip().isdigit() else 0.0
+
+    def is_final(self, problem: Problem, state: State) -> bool:
+        return len(state) >= self.depth or (bool(state) and state[-1] == "9")
+
+    def final_answer(self, problem: Problem, state: State) -> str:
+        return ",".join(state)
+
+    def grade(self, problem: Problem, answer: str) -> float:
+        return float(answer == problem.answer)
+
+
+class ScriptedBackend:
+    """G's k-th call for a prompt returns script[prompt][k % len]; E echoes the state's last digit."""
+
+    def __init__(self, script: dict[str, list[str]]) -> None:
+        self.script, self.calls, self.seen = script, {}, []
+
+    def generate(self, call: GenerationCall) -> list[str]:
+        self.seen.append(call)
+        out = []
+        for r in call.requests:
+            if r.prompt.startswith("E:"):
+                out.append(r.prompt.rsplit(",", 1)[-1].removeprefix("E:"))
+                continue
+            k = self.calls.get(r.prompt, 0)
+            self.calls[r.prompt] = k + 1
+            options = self.script[r.prompt]
+            out.append(options[k % len(options)])
+        return out
+
+
+SCRIPT = {"G:": ["3", "7", "5"], "G:7": ["1", "4", "2"], "G:7,4": ["8", "6", "0"], "G:5": ["9", "2", "1"]}
+
+
+def test_bfs_keeps_the_best_state_each_level() -> None:
+    backend = ScriptedBackend(SCRIPT)
+    result = tot_bfs(CountingTask(), Problem("p", "count", "7,4,8"), Policy(backend), BfsConfig(breadth=1, thoughts=3))
+    assert result.kept == [[("7",)], [("7", "4")], [("7", "4", "8")]]
+    assert result.answer == "7,4,8"
+    assert [c.component for c in backend.seen] == ["TG", "SE"] * 3
+    assert all(len(c.requests) == 3 for c in backend.seen)  # a whole level per call
+
+
+def test_breadth_two_expands_both_and_final_states_compete() -> None:
+    backend = ScriptedBackend(SCRIPT)
+    result = tot_bfs(CountingTask(), Problem("p", "count", ""), Policy(backend), BfsConfig(breadth=2, thoughts=3))
+    assert result.kept[0] == [("7",), ("5",)]
+    # level 2: children of 7 (1, 4, 2) and of 5 (9, 2, 1); "5,9" is final with value 9 and wins
+    assert result.kept[1][0] == ("5", "9")
+    assert len(backend.seen[2].requests) == 6
+    # level 3 expands only the open state "7,4"; the final "5,9" (value 9) stays ahead of "7,4,8"
+    assert result.best.state == ("5", "9")
+    assert backend.seen[4].requests[0].prompt == "G:7,4"
+
+
+def test_vote_evaluation_counts_votes() -> None:
+    assert tally_votes([0, 2, None, 2], 3) == [1.0, 0.0, 2.0]
+
+    class VoteBackend(ScriptedBackend):
+        def generate(self, call):
+            if call.component == "SE":
+                return ["The best choice is 2"] * len(call.requests)
+            return super().generate(call)
+
+    result = tot_bfs(
+        CountingTask(), Problem("p", "", ""), Policy(VoteBackend(SCRIPT)), BfsConfig(evaluation="vote", steps=1)
+    )
+    assert result.kept == [[("7",)]]
+
+
+def test_select_best_is_stable_and_seeds_are_pure() -> None:
+    nodes = [Node(("a",), 1.0), Node(("b",), 2.0), Node(("c",), 2.0)]
+    assert [n.state for n in select_best(nodes, 2)] == [("b",), ("c",)]
+    assert stream_seeds(0, "TG", "p", 1, n=3) == stream_seeds(0, "TG", "p", 1, n=3)
+    assert stream_seeds(0, "TG", "p", 1, n=3) != stream_seeds(0, "TG", "p", 2, n=3)
+    assert cut_at_stop("Step 1: x\nStep 2", ("\nStep",)) == "Step 1: x"
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="breadth"):
+        BfsConfig(breadth=0)
