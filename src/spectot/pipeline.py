@@ -19,7 +19,7 @@ import torch
 from spectot.config import DraftOptions, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
-from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method
+from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop
 from spectot.spec.proposers.base import Proposer
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
 from spectot.spec.proposers.draft_model import DraftModelProposer
@@ -206,7 +206,7 @@ class Pipeline:
     def _finish(self, prompt: str, out, stop: tuple[str, ...]) -> Generation:
         text = self.target.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         if out.finish_reason == "stop":
-            text = text[: min(i for i in (text.find(s) for s in stop) if i >= 0)]
+            text = cut_at_stop(text, stop)
         return Generation(prompt, text, out.prompt_ids, out.token_ids, out.finish_reason, out.stats)
 
 

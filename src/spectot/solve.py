@@ -69,10 +69,9 @@ def run_solve(
     costs = json.loads(Path(options.profile).read_text()) if options.profile else None
     engine, method = make_engine(pipe, options.engine, draft, model, costs)
     timeline = Timeline() if options.trace else None
-    tokenizer = pipe.target.tokenizer
     backend = LocalBackend(
         pipe.encode,
-        lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        pipe.decoder.detokenize,
         engine,
         method,
         draft.num_draft_tokens,

@@ -10,7 +10,7 @@ target's distribution). Engines record draft / wait / verify intervals per strea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from spectot.schedulers.timeline import Timeline
@@ -40,7 +40,6 @@ class Recorder:
 
     timeline: Timeline | None
     level: Level
-    starts: dict[int, float] = field(default_factory=dict)
 
     def now(self) -> float:
         return self.timeline.clock() if self.timeline is not None else 0.0

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from spectot.spec.decoding import DecodeConfig, cut_at_stop
 from spectot.tasks.base import StepRequest
 
 
@@ -105,7 +106,6 @@ class LocalBackend:
 
     def generate(self, call: GenerationCall) -> list[str]:
         from spectot.schedulers.base import Level
-        from spectot.spec.decoding import DecodeConfig
         from spectot.spec.sampling import SamplingParams
 
         texts: list[str | None] = [None] * len(call.requests)
@@ -142,9 +142,3 @@ class LocalBackend:
             c.verify_steps += r.stats.verify_steps
             c.proposed += r.stats.proposed
             c.accepted += r.stats.accepted
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """The text before the first stop string (the stop string itself is not part of a step)."""
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return text[: min(cuts)] if cuts else text

@@ -58,7 +58,7 @@ class StreamResult:
 @dataclass
 class _Stream:
     key: int
-    sid: int
+    sid: int | None  # the stream's KV in the target cache; None until its prompt is prefilled
     prompt: list[int]
     generator: torch.Generator  # the stream's own: its samples do not depend on how streams are scheduled
     generated: list[int] = field(default_factory=list)
@@ -147,7 +147,7 @@ class DecodeSession:
         self._t0 = time.perf_counter()
         self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
         self.streams = [
-            _Stream(i, runner.new_stream(), list(p), torch.Generator().manual_seed(seed))
+            _Stream(i, None, list(p), torch.Generator().manual_seed(seed))
             for i, (p, seed) in enumerate(zip(prompts, seeds))
         ]
 
@@ -160,7 +160,7 @@ class DecodeSession:
     def close(self) -> None:
         self.runner.abort()  # an error mid-step must not leave a forward pending
         for s in self.streams:
-            if s.sid in self.runner.cache.streams:
+            if s.sid is not None:
                 self.runner.release(s.sid)
             if self.proposer is not None:
                 self.proposer.release(s.key)
@@ -183,7 +183,6 @@ class DecodeSession:
         hidden_layer = self._hidden_layer()
         for s in streams:
             entry = self._prompts[tuple(s.prompt)]
-            self.runner.release(s.sid)
             s.sid = self.runner.new_stream(fork_of=entry.sid)
             if hidden_layer is not None:
                 s.unseen_hidden.append(entry.hidden)
@@ -316,6 +315,12 @@ class DecodeSession:
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats)
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """The text before the first stop string (the stop string itself is not part of the output)."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(cuts)] if cuts else text
 
 
 def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
