@@ -1,0 +1,74 @@
+"""What a search asks of a language model, whoever serves it: one completion per request.
+
+A *backend* turns a ``CompletionRequest`` into a ``Completion``, asynchronously, so a search (and SPEX's
+speculative producers) can keep many requests in flight and cancel the ones it no longer needs
+(``asyncio`` task cancellation). Two kinds exist, as in outlines: *steerable* — the local engine
+(``backends/local.py``), which batches concurrent requests into shared target forwards and runs
+token-level speculative decoding inside each — and *black-box* — an OpenAI-compatible server such as
+vLLM or SGLang (``backends/openai.py``).
+
+A request's ``seed`` fixes its samples: the local engine draws a request's tokens from its own
+generator, so the same request gives the same text however requests are batched or scheduled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]  # OpenAI's words: EOS and stop strings are both "stop"
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str  # the raw prompt text (a chat prompt is rendered before it gets here)
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None  # None: the backend picks one
+    logprobs: bool = False  # return each generated token's log-probability under the target
+    priority: int = 0  # lower runs first when the backend must queue (SPEX: primary 0, speculative 1)
+    chat: bool = False  # the prompt is one user message: the backend applies the model's chat template
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @classmethod
+    def make_dummy(cls, prompt: str = "1 + 1 =", max_tokens: int = 8) -> CompletionRequest:
+        return cls(prompt, max_tokens, seed=0)
+
+
+@dataclass
+class Completion:
+    text: str  # the generated text, cut before any stop string
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] = field(default_factory=list)  # one per generated token when asked for
+    seconds: float = 0.0  # wall time from submission to the last token (queueing included)
+
+    @property
+    def mean_logprob(self) -> float:
+        """The policy's own confidence in the text: the mean token log-probability (0.0 when none)."""
+        return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
+
+
+class AsyncBackend(Protocol):
+    name: str
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """One completion; cancelling the awaiting task abandons the request (the backend frees it)."""
+        ...
+
+    def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
+        """The completion's text as it is generated, in pieces (a server's ``stream: true``)."""
+        ...
+
+    async def aclose(self) -> None: ...
