@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,3 +83,25 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+TINY_WORDS = ["<unk>", "<s>", "</s>", "<eot>"] + [f"w{i}" for i in range(60)]
+
+
+def build_tiny_tokenizer():
+    """A word-level tokenizer over the tiny models' 64 ids: "w5 w6" -> [9, 10]; <eot> (3) ends a turn."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(TINY_WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_model) -> Path:
+    """A saved tiny Llama with its word-level tokenizer, loadable by path like any checkpoint."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", 0).save_pretrained(path)
+    build_tiny_tokenizer().save_pretrained(path)
+    return path

@@ -8,23 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-
 from spectot.cli.main import main
-
-WORDS = ["<unk>", "<s>", "</s>", "<eot>"] + [f"w{i}" for i in range(60)]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tiny_model) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", 0).save_pretrained(path)
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
-    tok.save_pretrained(path)
-    return path
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

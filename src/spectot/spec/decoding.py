@@ -6,6 +6,10 @@ not yet run). A step is: propose drafts (sd) -> one batched forward over each st
 [pending, x_1..x_k] -> verify -> commit the accepted path -> emit accepted + recovered/bonus tokens,
 cut at EOS, stop strings or max_new_tokens. A draft may be a token tree (``Draft.parents``): the
 forward then covers the tree and verification follows the accepted root-to-leaf path.
+
+A session's streams may differ in their ``DecodeConfig`` (sampling, budget, stops) and may join
+(``add``) and leave (``release``) while others run: the continuous engine behind the local backend
+and ``spectot serve`` keeps one session open and batches whatever requests are live.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class StreamResult:
     token_ids: list[int]  # generated tokens (an EOS that ended the stream included)
     finish_reason: FinishReason
     stats: DecodeStats
+    logprobs: list[float] = field(default_factory=list)  # log p_target(token) at temperature 1, one per token
 
 
 @dataclass
@@ -61,7 +66,9 @@ class _Stream:
     sid: int | None  # the stream's KV in the target cache; None until its prompt is prefilled
     prompt: list[int]
     generator: torch.Generator  # the stream's own: its samples do not depend on how streams are scheduled
+    config: DecodeConfig
     generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     finish: FinishReason | None = None
     unseen_hidden: list[torch.Tensor] = field(default_factory=list)  # target hidden states not yet given to the draft
@@ -78,6 +85,7 @@ class _PromptEntry:
     sid: int
     logits: torch.Tensor  # (V,) at the prompt's last token
     hidden: torch.Tensor | None  # (len(prompt), H) for EDD drafts
+    users: int = 0  # streams forked from it and not yet released
 
 
 class Decoder:
@@ -131,25 +139,59 @@ class DecodeSession:
             raise ValueError("stop strings need a detokenizer")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        runner = decoder.runner
-        for i, p in enumerate(prompts):
-            if len(p) + config.max_new_tokens > runner.max_context:
-                raise ValueError(
-                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the "
-                    f"model's context of {runner.max_context} tokens"
-                )
-        self.decoder, self.runner, self.proposer, self.config = decoder, runner, decoder.proposer, config
-        if seeds is None:  # independent per-stream seeds drawn from the call's seed
-            seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
+        self.decoder, self.runner, self.proposer, self.config = decoder, decoder.runner, decoder.proposer, config
         self.batch = DecodeStats()
         self._t0 = time.perf_counter()
         self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
-        self.streams = [
-            _Stream(i, None, list(p), torch.Generator().manual_seed(seed))
+        self.streams: list[_Stream] = []  # live and finished streams, released ones excluded
+        self._next_key = 0
+        self.add(prompts, config, seeds)
+
+    def add(
+        self, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None = None
+    ) -> list[_Stream]:
+        """New streams (not yet prefilled) that decode under ``config``; ``seeds`` default to draws
+        from ``config.seed``."""
+        if config.method == "sd" and self.proposer is None:
+            raise ValueError("method 'sd' needs a draft: pass a proposer (a draft model or ngram)")
+        if config.stop and self.decoder.detokenize is None:
+            raise ValueError("stop strings need a detokenizer")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        for i, p in enumerate(prompts):
+            if len(p) + config.max_new_tokens > self.runner.max_context:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the "
+                    f"model's context of {self.runner.max_context} tokens"
+                )
+        if seeds is None:  # independent per-stream seeds drawn from the call's seed
+            seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
+        first, self._next_key = self._next_key, self._next_key + len(prompts)
+        new = [
+            _Stream(first + i, None, list(p), torch.Generator().manual_seed(seed), config)
             for i, (p, seed) in enumerate(zip(prompts, seeds))
         ]
+        self.streams += new
+        return new
+
+    def release(self, s: _Stream) -> None:
+        """Free a stream's KV and draft state (finished or abandoned); its prompt's KV goes with
+        its last user."""
+        if s.sid is not None:
+            self.runner.release(s.sid)
+            s.sid = None
+            entry = self._prompts.get(tuple(s.prompt))
+            if entry is not None:
+                entry.users -= 1
+                if entry.users == 0:
+                    self.runner.release(entry.sid)
+                    del self._prompts[tuple(s.prompt)]
+        if self.proposer is not None:
+            self.proposer.release(s.key)
+        s.finish = s.finish or "length"
+        self.streams.remove(s)
 
     def __enter__(self) -> DecodeSession:
         return self
@@ -170,7 +212,7 @@ class DecodeSession:
         self.batch.time_total = time.perf_counter() - self._t0
 
     def results(self) -> list[StreamResult]:
-        return [self._result(s) for s in self.streams]
+        return [self.result(s) for s in self.streams]
 
     # -- phases ----------------------------------------------------------------------------
     def prefill(self, streams: Sequence[_Stream]) -> None:
@@ -184,10 +226,12 @@ class DecodeSession:
         for s in streams:
             entry = self._prompts[tuple(s.prompt)]
             s.sid = self.runner.new_stream(fork_of=entry.sid)
+            entry.users += 1
             if hidden_layer is not None:
                 s.unseen_hidden.append(entry.hidden)
             s.stats.prompt_tokens = len(s.prompt)
-            self._emit(s, [self._sample_one(entry.logits, s.generator)])
+            token = self._sample_one(entry.logits, s.config.sampling, s.generator)
+            self._emit(s, [token], _logprobs(entry.logits[None], [token]))
 
     def _prefill_prompts(self, prompts: list[tuple[int, ...]]) -> None:
         hidden_layer = self._hidden_layer()
@@ -217,30 +261,32 @@ class DecodeSession:
             self.runner.release(base)
 
     def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
-        """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree."""
-        config = self.config
-        if config.method == "ar":
-            return [Draft.empty() for _ in streams]
+        """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
+        Streams that sample alike are drafted in one proposer call."""
+        drafts: list[Draft] = [Draft.empty()] * len(streams)
+        groups: dict[SamplingParams, list[int]] = {}
+        for i, s in enumerate(streams):
+            if s.config.method == "sd":
+                groups.setdefault(s.config.sampling, []).append(i)
+        if not groups:
+            return drafts
         t = time.perf_counter()
-        requests = [
-            # never draft past max_new_tokens: the last token of the budget is always a target token
-            DraftRequest(
-                s.key,
-                s.tokens,
-                min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1),
-                torch.cat(s.unseen_hidden) if s.unseen_hidden else None,
-                generator=s.generator,
-                policy=policy,
-            )
-            for s in streams
-        ]
-        for s in streams:
-            s.unseen_hidden = []
         before = self.proposer.forwards
-        drafts = self.proposer.propose(requests, config.sampling, None)
+        for sampling, members in groups.items():
+            requests = [self._draft_request(streams[i], policy) for i in members]
+            for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
+                drafts[i] = d
         self.batch.draft_forwards += self.proposer.forwards - before
         self.batch.time_draft += time.perf_counter() - t
         return drafts
+
+    def _draft_request(self, s: _Stream, policy: TreePolicy | None) -> DraftRequest:
+        config = s.config
+        hidden = torch.cat(s.unseen_hidden) if s.unseen_hidden else None
+        s.unseen_hidden = []
+        # never draft past max_new_tokens: the last token of the budget is always a target token
+        k = min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1)
+        return DraftRequest(s.key, s.tokens, k, hidden, generator=s.generator, policy=policy)
 
     def verify(self, streams: Sequence[_Stream], drafts: Sequence[Draft]) -> None:
         """One target forward over every stream's tree (root = its pending token), then verify,
@@ -252,14 +298,15 @@ class DecodeSession:
         self.batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
-            path, next_token = self._verify(d, st.tree, logits, s.generator)
+            path, next_token = self._verify(d, st.tree, logits, s.config.sampling, s.generator)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
             if d.confidence is not None:
                 on_path = set(path)
                 tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]
                 s.stats.record_calibration([float(d.confidence[i - 1]) for i in tested], [i in on_path for i in tested])
-            kept = self._emit(s, st.tree.tokens[path[1:]].tolist() + [next_token])
+            new = st.tree.tokens[path[1:]].tolist() + [next_token]
+            kept = self._emit(s, new, _logprobs(logits[path], new))
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
             if out.hidden is not None:
@@ -270,9 +317,10 @@ class DecodeSession:
     def _hidden_layer(self) -> int | None:
         return self.decoder.hidden_layer if self.config.method == "sd" else None
 
-    def _verify(self, draft: Draft, tree: TokenTree, logits: torch.Tensor, generator) -> tuple[list[int], int]:
+    def _verify(
+        self, draft: Draft, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams, generator
+    ) -> tuple[list[int], int]:
         """-> (accepted root-to-node path, recovered or bonus token)."""
-        sampling = self.config.sampling
         if draft.parents is not None:
             rule = "greedy" if sampling.greedy else draft.rule or "deterministic"
             verdict = verify_tree(tree, target_probs(logits, sampling), draft.node_q(), rule, generator)
@@ -283,17 +331,17 @@ class DecodeSession:
             chain = verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, generator)
         return list(range(chain.num_accepted + 1)), chain.next_token
 
-    def _sample_one(self, logits: torch.Tensor, generator) -> int:
-        sampling = self.config.sampling
+    def _sample_one(self, logits: torch.Tensor, sampling: SamplingParams, generator) -> int:
         if sampling.greedy:
             return int(logits.argmax())
         return int(sample(target_probs(logits, sampling), generator))
 
-    def _emit(self, s: _Stream, new: list[int]) -> int:
+    def _emit(self, s: _Stream, new: list[int], logprobs: list[float]) -> int:
         """Append tokens until a stop condition; returns how many were kept."""
-        config = self.config
-        for i, token in enumerate(new):
+        config = s.config
+        for i, (token, logprob) in enumerate(zip(new, logprobs)):
             s.generated.append(token)
+            s.logprobs.append(logprob)
             s.stats.new_tokens += 1
             if token in self.decoder.eos:
                 s.finish = "eos"
@@ -309,18 +357,24 @@ class DecodeSession:
         tail = self.decoder.detokenize(s.generated[-32:])  # a stop string ends in the newest token
         return any(x in tail for x in stop)
 
-    def _result(self, s: _Stream) -> StreamResult:
+    def result(self, s: _Stream) -> StreamResult:
         stats, batch = s.stats, self.batch
         stats.target_forwards = batch.target_forwards
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
-        return StreamResult(s.prompt, s.generated, s.finish or "length", stats)
+        return StreamResult(s.prompt, s.generated, s.finish or "length", stats, s.logprobs)
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """The text before the first stop string (the stop string itself is not part of the output)."""
     cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
     return text[: min(cuts)] if cuts else text
+
+
+def _logprobs(logits: torch.Tensor, tokens: Sequence[int]) -> list[float]:
+    """log p(token_i) under the raw target distribution at row i of ``logits`` (R, V)."""
+    rows = logits[: len(tokens)].float().log_softmax(-1)
+    return rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
 
 
 def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:

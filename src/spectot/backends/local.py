@@ -1,0 +1,145 @@
+"""The steerable backend: spectot's continuous engine on a local target, behind ``AsyncBackend``.
+
+Requests from any number of coroutines (a search's producers, a server's clients) are submitted to
+one ``ContinuousEngine``, which batches every live request into shared target forwards and runs
+token-level speculative decoding inside each (``method="sd"`` with the pipeline's draft). Cancelling
+the awaiting task abandons the request: the engine frees its KV at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from spectot.backends.base import Completion, CompletionRequest
+from spectot.schedulers.continuous import ContinuousEngine
+from spectot.spec.decoding import DecodeConfig, Method, StreamResult, cut_at_stop
+from spectot.spec.sampling import SamplingParams
+
+
+class LocalEngineBackend:
+    def __init__(
+        self,
+        engine: ContinuousEngine,
+        tokenizer,  # a transformers tokenizer: encodes prompts, renders chats, decodes output
+        method: Method = "ar",
+        num_draft_tokens: int = 5,
+        name: str = "local",
+        max_context: int = 2048,
+    ) -> None:
+        self.engine, self.tokenizer, self.method = engine, tokenizer, method
+        self.num_draft_tokens, self.name, self.max_context = num_draft_tokens, name, max_context
+
+    @classmethod
+    def from_pipeline(cls, pipe, method: Method = "ar", max_streams: int = 64, name: str | None = None, budget=None):
+        """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``)."""
+        if method == "sd" and pipe.proposer is None:
+            raise ValueError("method 'sd' needs a draft: load the pipeline with a draft (e.g. draft='ngram')")
+        engine = ContinuousEngine(pipe.decoder, max_streams=max_streams, budget=budget)
+        alias = name or pipe.target.name
+        return cls(engine, pipe.target.tokenizer, method, name=alias, max_context=pipe.runner.max_context)
+
+    # -- AsyncBackend ------------------------------------------------------------------------------
+    async def complete(self, request: CompletionRequest) -> Completion:
+        t = time.perf_counter()
+        prompt = self.encode(request)
+        future = self.engine.submit(prompt, self._config(request), self._seed(request), priority=request.priority)
+        result = await asyncio.wrap_future(future)  # cancelling this task cancels the engine's request
+        return self._completion(request, result, time.perf_counter() - t)
+
+    async def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
+        """Text pieces as tokens are verified; a piece that could still turn into a stop string, or
+        ends inside a multi-byte character, is held back until it cannot."""
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[list[int]] = asyncio.Queue()
+        future = self.engine.submit(
+            self.encode(request),
+            self._config(request),
+            self._seed(request),
+            listener=lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids),
+            priority=request.priority,
+        )
+        done = asyncio.wrap_future(future)
+        generated: list[int] = []
+        sent = 0
+        hold = max((len(s) for s in request.stop), default=1) - 1
+        try:
+            while True:
+                getter = asyncio.ensure_future(pieces.get())
+                await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                generated += getter.result()
+                text = self._decode(generated)
+                safe = len(text) - hold
+                if safe > sent and not text[:safe].endswith("\ufffd") and not _has_stop(text, request.stop):
+                    yield text[sent:safe]
+                    sent = safe
+            result = await done
+            while not pieces.empty():  # tokens of the last step may land after the future resolved
+                pieces.get_nowait()
+            text = self._text(request, result)
+            if len(text) > sent:
+                yield text[sent:]
+        finally:
+            if not done.done():
+                done.cancel()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.close)
+
+    # -- text <-> tokens ---------------------------------------------------------------------------
+    def encode(self, request: CompletionRequest) -> list[int]:
+        if request.chat:
+            return self.render_ids([{"role": "user", "content": request.prompt}])
+        return list(self.tokenizer(request.prompt)["input_ids"])
+
+    def render_ids(self, messages: Sequence[dict]) -> list[int]:
+        if self.tokenizer.chat_template is None:  # a base model: the messages' text, one per line
+            return list(self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"])
+        out = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        """The chat as the model sees it (template applied, generation prompt added), as text."""
+        if self.tokenizer.chat_template is None:
+            return "\n".join(m["content"] for m in messages)
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _text(self, request: CompletionRequest, result: StreamResult) -> str:
+        text = self._decode(result.token_ids)
+        return cut_at_stop(text, request.stop) if result.finish_reason == "stop" else text
+
+    def _config(self, request: CompletionRequest) -> DecodeConfig:
+        greedy = request.temperature == 0
+        sampling = SamplingParams(do_sample=not greedy, temperature=request.temperature or 1.0, top_p=request.top_p)
+        return DecodeConfig(request.max_tokens, sampling, self.method, self.num_draft_tokens, request.stop)
+
+    def _seed(self, request: CompletionRequest) -> int:
+        return request.seed if request.seed is not None else time.monotonic_ns() % 2**62
+
+    def _completion(self, request: CompletionRequest, result: StreamResult, seconds: float) -> Completion:
+        return Completion(
+            text=self._text(request, result),
+            finish_reason="length" if result.finish_reason == "length" else "stop",
+            prompt_tokens=len(result.prompt_ids),
+            completion_tokens=len(result.token_ids),
+            logprobs=list(result.logprobs) if request.logprobs else [],
+            seconds=seconds,
+        )
+
+
+def _has_stop(text: str, stop: Sequence[str]) -> bool:
+    return any(s in text for s in stop)
+
+

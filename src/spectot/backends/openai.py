@@ -1,0 +1,281 @@
+"""The black-box backend: completions from one or more OpenAI-compatible servers (vLLM, SGLang, ``spectot serve``).
+
+``OpenAIBackend`` sends each ``CompletionRequest`` to ``/v1/completions`` (``/v1/chat/completions`` when
+``request.chat``) with the official ``openai`` client. With several servers, each request goes to the one with
+the fewest requests outstanding from this backend (ties: round-robin), so a search's many concurrent requests
+spread evenly.
+
+Failures: connection errors, timeouts, 5xx and 429 are retried with exponential backoff (each retry may go to
+another server); any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with the
+server's message. Cancellation: cancelling the awaiting task closes the HTTP connection mid-request (httpx
+closes a connection whose response was not read to the end), which is what makes vLLM and ``spectot serve``
+abort the generation; ``stream()`` closes its response when the consumer stops early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from spectot.backends.base import Completion, CompletionRequest, FinishReason
+
+logger = logging.getLogger(__name__)
+
+
+class OpenAIBackendError(RuntimeError):
+    """A request the server refused (4xx), or one that still failed after every retry."""
+
+    def __init__(self, message: str, status: int | None = None, url: str = "") -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status; None for a connection error or a timeout
+        self.url = url
+
+
+@dataclass
+class _Server:
+    url: str
+    client: openai.AsyncOpenAI
+    outstanding: int = 0  # requests this backend has in flight there
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Connection errors (timeouts included), 429 and 5xx may pass; other statuses are the request's fault."""
+    if isinstance(exc, openai.APIConnectionError):
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code == 429 or exc.status_code >= 500
+    return False
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**attempt)] (attempt 0 = first retry)."""
+    return random.uniform(0.0, min(cap, base * 2**attempt))
+
+
+def finish_reason(reason: str | None) -> FinishReason:
+    """OpenAI's finish reasons mapped onto ours: only "length" is a budget cut, anything else ended the text."""
+    return "length" if reason == "length" else "stop"
+
+
+class OpenAIBackend:
+    """``AsyncBackend`` over OpenAI-compatible servers; ``model=None`` asks the first server's ``/v1/models``."""
+
+    def __init__(
+        self,
+        servers: Sequence[tuple[str, openai.AsyncOpenAI]],
+        model: str | None = None,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        forward_priority: bool = False,
+    ) -> None:
+        if not servers:
+            raise ValueError("OpenAIBackend needs at least one server URL")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self._servers = [_Server(url, client) for url, client in servers]
+        self._model = model
+        self._model_lock = asyncio.Lock()
+        self._next = 0  # round-robin cursor among equally loaded servers
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        # vLLM refuses a nonzero ``priority`` unless started with --scheduling-policy priority.
+        self.forward_priority = forward_priority
+
+    @classmethod
+    def from_urls(
+        cls,
+        urls: Sequence[str],
+        model: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 3,
+        api_key: str = "EMPTY",
+    ) -> OpenAIBackend:
+        """One client per base URL (``http://host:port/v1``; a URL without ``/v1`` gets it appended).
+
+        ``timeout`` bounds each wait on a server (connecting, and each read: for a non-streamed request, the
+        whole generation). The client's own retries are off: this backend retries, possibly on another server.
+        """
+        servers = []
+        for url in urls:
+            base = url.rstrip("/")
+            base = base if base.endswith("/v1") else base + "/v1"
+            servers.append((base, openai.AsyncOpenAI(base_url=base, api_key=api_key, timeout=timeout, max_retries=0)))
+        return cls(servers, model=model, max_retries=max_retries)
+
+    @property
+    def name(self) -> str:
+        return self._model if self._model is not None else self._servers[0].url
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self._servers]
+
+    def outstanding(self) -> list[int]:
+        """Requests in flight per server, in URL order."""
+        return [s.outstanding for s in self._servers]
+
+    # -- the AsyncBackend protocol -----------------------------------------------------------------------------
+    async def complete(self, request: CompletionRequest) -> Completion:
+        start = time.perf_counter()
+        model = await self.model()
+        kwargs = self._arguments(request, model)
+        for attempt in range(self.max_retries + 1):
+            server = self._pick()
+            server.outstanding += 1
+            try:
+                if request.chat:
+                    response = await server.client.chat.completions.create(**kwargs)
+                else:
+                    response = await server.client.completions.create(**kwargs)
+            except openai.APIError as exc:
+                await self._after_failure(exc, server, attempt)
+                continue
+            finally:
+                server.outstanding -= 1
+            return self._completion(response, request.chat, time.perf_counter() - start)
+        raise AssertionError("unreachable: the last failed attempt raises")
+
+    async def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
+        """The text in pieces as the server sends them; retried only until the first piece arrives."""
+        model = await self.model()
+        kwargs = self._arguments(request, model)
+        for attempt in range(self.max_retries + 1):
+            server = self._pick()
+            server.outstanding += 1
+            try:
+                if request.chat:
+                    chunks = await server.client.chat.completions.create(**kwargs, stream=True)
+                else:
+                    chunks = await server.client.completions.create(**kwargs, stream=True)
+            except BaseException as exc:  # cancellation included: the count must come down
+                server.outstanding -= 1
+                if not isinstance(exc, openai.APIError):
+                    raise
+                await self._after_failure(exc, server, attempt)
+                continue
+            try:
+                async for chunk in chunks:
+                    piece = _chunk_text(chunk, request.chat)
+                    if piece:
+                        yield piece
+                return
+            finally:
+                server.outstanding -= 1
+                await chunks.close()  # on early exit or cancellation: closing the response aborts the request
+
+    async def aclose(self) -> None:
+        for server in self._servers:
+            await server.client.close()
+
+    async def __aenter__(self) -> OpenAIBackend:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    async def model(self) -> str:
+        """The model name: the one given, else the first model the first server lists (asked once)."""
+        if self._model is not None:
+            return self._model
+        async with self._model_lock:
+            if self._model is None:
+                server = self._servers[0]
+                try:
+                    page = await server.client.models.list()
+                except openai.APIError as exc:
+                    raise OpenAIBackendError(
+                        f"{server.url}: cannot list models to pick one ({exc}); pass the model name explicitly",
+                        getattr(exc, "status_code", None),
+                        server.url,
+                    ) from exc
+                if not page.data:
+                    raise OpenAIBackendError(f"{server.url}/models lists no model", None, server.url)
+                self._model = page.data[0].id
+                logger.info("using model %s served at %s", self._model, server.url)
+        return self._model
+
+    def _pick(self) -> _Server:
+        """The server with the fewest outstanding requests; among ties, the next one after the last pick."""
+        count = len(self._servers)
+        fewest = min(s.outstanding for s in self._servers)
+        for step in range(count):
+            index = (self._next + step) % count
+            if self._servers[index].outstanding == fewest:
+                self._next = (index + 1) % count
+                return self._servers[index]
+        raise AssertionError("unreachable: some server has the fewest requests")
+
+    async def _after_failure(self, exc: openai.APIError, server: _Server, attempt: int) -> None:
+        """Raise ``OpenAIBackendError`` if ``exc`` is final; otherwise wait out the backoff before the retry."""
+        status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
+        if not is_retryable(exc):
+            raise OpenAIBackendError(f"{server.url} refused the request: {exc.message}", status, server.url) from exc
+        if attempt >= self.max_retries:
+            raise OpenAIBackendError(
+                f"{server.url} failed after {attempt + 1} attempts: {exc.message}", status, server.url
+            ) from exc
+        delay = backoff_seconds(attempt, self.backoff, self.max_backoff)
+        logger.warning("%s: %s; retry %d/%d in %.2f s", server.url, exc.message, attempt + 1, self.max_retries, delay)
+        await asyncio.sleep(delay)
+
+    def _arguments(self, request: CompletionRequest, model: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+        }
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
+        if request.seed is not None:
+            kwargs["seed"] = request.seed
+        if request.chat:
+            kwargs["messages"] = [{"role": "user", "content": request.prompt}]
+            if request.logprobs:
+                kwargs["logprobs"] = True
+        else:
+            kwargs["prompt"] = request.prompt
+            if request.logprobs:
+                kwargs["logprobs"] = 1  # the sampled token's log-probability (and the top-1 alternative)
+        if self.forward_priority:
+            kwargs["extra_body"] = {"priority": request.priority}
+        return kwargs
+
+    @staticmethod
+    def _completion(response: Any, chat: bool, seconds: float) -> Completion:
+        choice = response.choices[0]
+        logprobs: list[float] = []
+        if chat:
+            text = choice.message.content or ""
+            if choice.logprobs is not None and choice.logprobs.content:
+                logprobs = [item.logprob for item in choice.logprobs.content]
+        else:
+            text = choice.text
+            if choice.logprobs is not None and choice.logprobs.token_logprobs:
+                logprobs = [lp for lp in choice.logprobs.token_logprobs if lp is not None]
+        usage = response.usage
+        return Completion(
+            text=text,
+            finish_reason=finish_reason(choice.finish_reason),
+            prompt_tokens=usage.prompt_tokens if usage is not None else 0,
+            completion_tokens=usage.completion_tokens if usage is not None else 0,
+            logprobs=logprobs,
+            seconds=seconds,
+        )
+
+
+def _chunk_text(chunk: Any, chat: bool) -> str:
+    if not chunk.choices:
+        return ""  # a usage-only chunk
+    choice = chunk.choices[0]
+    return (choice.delta.content or "") if chat else (choice.text or "")

@@ -1,0 +1,72 @@
+"""SPEX's inter-query budget: how many speculative expansions each query in flight may run, and the machine-wide
+total k they share (the concurrency where throughput stops rising on this machine).
+
+Allocation. For queries q with speculative capacity C_q (expansions it could use now), speculation hit rate P_q
+(the share of its past speculative expansions that the real search later chose), reusable weight S_w and KV reuse
+S_KV(q) (how much of a speculative expansion's work and cache the real search can keep):
+
+    score_q = C_q * P_q * (S_w + S_KV(q))
+    k_q     = min(C_q, floor(k_total * softmax(tau * score)_q))
+
+so sum_q k_q <= k_total and no query gets more than it can use. Worked example: k_total = 8, C = [8, 2],
+P = [0.5, 0.5], S_w = 0, S_KV = [1, 1], tau = 1: score = [4, 1], softmax = [0.953, 0.047],
+floor(8 * .) = [7, 0] -> k = [7, 0].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def allocate(
+    k_total: int,
+    capacity: Sequence[int],
+    hit_rate: Sequence[float],
+    reusable_weight: float | Sequence[float],
+    kv_reuse: Sequence[float],
+    tau: float = 1.0,
+) -> list[int]:
+    """k_q = min(C_q, floor(k_total softmax(tau score)_q)), score_q = C_q P_q (S_w + S_KV(q)); S_w scalar or per query."""
+    n = len(capacity)
+    if len(hit_rate) != n or len(kv_reuse) != n:
+        raise ValueError(
+            f"one value per query: got {n} capacities, {len(hit_rate)} hit rates, {len(kv_reuse)} KV reuses"
+        )
+    if isinstance(reusable_weight, Sequence) and len(reusable_weight) != n:
+        raise ValueError(f"reusable_weight is one number or one per query: got {len(reusable_weight)} for {n} queries")
+    if k_total < 0 or any(c < 0 for c in capacity):
+        raise ValueError(f"k_total and capacities must be >= 0, got {k_total} and {list(capacity)}")
+    if n == 0:
+        return []
+    c = np.asarray(capacity, dtype=np.float64)  # C_q
+    p = np.asarray(hit_rate, dtype=np.float64)  # P_q
+    s_w = np.broadcast_to(np.asarray(reusable_weight, dtype=np.float64), (n,))  # S_w
+    s_kv = np.asarray(kv_reuse, dtype=np.float64)  # S_KV(q)
+    score = c * p * (s_w + s_kv)  # score_q = C_q P_q (S_w + S_KV(q))
+    logits = tau * score
+    share = np.exp(logits - logits.max())
+    share /= share.sum()  # softmax(tau score)_q
+    return [min(int(cap), math.floor(k_total * s)) for cap, s in zip(capacity, share)]  # min(C_q, floor(k s_q))
+
+
+def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], tolerance: float = 0.05) -> int:
+    """The smallest measured concurrency c_i whose throughput no larger concurrency beats by more than tolerance.
+
+    i.e. min c_i with T_j <= (1 + tolerance) T_i for every j > i: past it, more concurrent expansions buy less than
+    ``tolerance`` more throughput. A curve that keeps rising gives its largest concurrency.
+    """
+    if len(concurrency) != len(throughput) or not concurrency:
+        raise ValueError(
+            f"need matching, non-empty concurrency and throughput lists, got {len(concurrency)} and {len(throughput)}"
+        )
+    if any(b <= a for a, b in zip(concurrency, concurrency[1:])):
+        raise ValueError(f"concurrency must be strictly increasing, got {list(concurrency)}")
+    if tolerance < 0:
+        raise ValueError(f"tolerance is a relative gain and must be >= 0, got {tolerance}")
+    for i, level in enumerate(throughput):
+        if all(later <= (1 + tolerance) * level for later in throughput[i + 1 :]):
+            return int(concurrency[i])
+    return int(concurrency[-1])  # unreachable: the last point always qualifies

@@ -1,0 +1,183 @@
+"""The continuous engine: requests arrive one at a time, from any thread, and share target forwards.
+
+A level engine (serial, batched, SEED) runs a fixed set of streams to completion. A search with many
+queries in flight (SPEX) and ``spectot serve`` instead see requests arrive and leave at any moment,
+so this engine keeps one ``DecodeSession`` open on a worker thread and loops (vLLM's
+``EngineCore.step``: schedule, execute, update):
+
+    schedule  admit waiting requests, lowest priority value first (SPEX: primary before speculative),
+              up to ``max_streams`` live streams; drop the ones whose caller gave up
+    execute   prefill the admitted; one draft call + one target forward over every live stream
+    update    hand new tokens to their listeners; resolve finished requests and free their KV
+
+Each request keeps its own seed, so its tokens are the same whatever else is in the batch: greedy
+output equals plain decoding of the target, sampled output is distributed as the target's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+
+from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
+from spectot.spec.trees.dynamic import TreePolicy
+
+log = logging.getLogger(__name__)
+
+TokenListener = Callable[[list[int]], None]  # called on the worker thread with each step's new tokens
+
+
+@dataclass(order=True)
+class _Request:
+    priority: int
+    order: int
+    prompt: list[int] = field(compare=False)
+    config: DecodeConfig = field(compare=False)
+    seed: int = field(compare=False)
+    future: Future = field(compare=False)
+    listener: TokenListener | None = field(compare=False, default=None)
+
+
+@dataclass
+class EngineCounters:
+    steps: int = 0  # target verification forwards
+    admitted: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    max_live: int = 0  # the most streams one forward carried
+
+
+class ContinuousEngine:
+    def __init__(
+        self,
+        decoder: Decoder,
+        max_streams: int = 64,
+        budget: Callable[[int], TreePolicy | None] | None = None,  # live streams B -> tree per stream
+        name: str = "continuous",
+    ) -> None:
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        self.decoder, self.max_streams, self.budget, self.name = decoder, max_streams, budget, name
+        self.counters = EngineCounters()
+        self._waiting: list[_Request] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="spectot-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        prompt: Sequence[int],
+        config: DecodeConfig,
+        seed: int,
+        listener: TokenListener | None = None,
+        priority: int = 0,
+    ) -> Future[StreamResult]:
+        """Queue one generation; cancel the returned future to abandon it (its KV is freed at the next step)."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        future: Future[StreamResult] = Future()
+        request = _Request(priority, next(self._order), list(prompt), config, seed, future, listener)
+        with self._wake:
+            heapq.heappush(self._waiting, request)
+            self._wake.notify()
+        return future
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join()
+
+    # -- the worker ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        with self.decoder.session([], DecodeConfig()) as session:
+            live: dict[int, _Request] = {}  # stream key -> its request
+            streams: dict[int, object] = {}
+            try:
+                while True:
+                    admitted = self._schedule(live)
+                    if admitted is None:
+                        break
+                    self._execute(session, live, streams, admitted)
+            except BaseException as error:  # a failed step fails every request it held, not the process
+                log.exception("engine step failed")
+                for request in [*live.values(), *self._drain()]:
+                    _fail(request.future, error)
+
+    def _schedule(self, live: dict[int, _Request]) -> list[_Request] | None:
+        """Waiting requests to admit now (blocks while there is nothing to do); None once closed."""
+        with self._wake:
+            while not live and not self._waiting and not self._closed:
+                self._wake.wait()
+            if self._closed:
+                for request in self._drain():
+                    request.future.cancel()
+                return None
+            admitted = []
+            while self._waiting and len(live) + len(admitted) < self.max_streams:
+                request = heapq.heappop(self._waiting)
+                if not request.future.cancelled():
+                    admitted.append(request)
+            return admitted
+
+    def _drain(self) -> list[_Request]:
+        waiting, self._waiting = self._waiting, []
+        return waiting
+
+    def _execute(self, session, live: dict[int, _Request], streams: dict[int, object], admitted) -> None:
+        for key, request in list(live.items()):  # callers that gave up
+            if request.future.cancelled():
+                session.release(streams.pop(key))
+                del live[key]
+                self.counters.cancelled += 1
+        new = []
+        for request in admitted:
+            try:
+                [s] = session.add([request.prompt], request.config, [request.seed])
+            except ValueError as error:  # a bad request (too long, no draft for sd) fails alone
+                _fail(request.future, error)
+                continue
+            live[s.key], streams[s.key] = request, s
+            new.append(s)
+        self.counters.admitted += len(new)
+        if new:
+            session.prefill(new)
+            self._update(session, live, streams, new, {s.key: 0 for s in new})
+        active = [s for s in streams.values() if s.finish is None]
+        if not active:
+            return
+        self.counters.max_live = max(self.counters.max_live, len(active))
+        before = {s.key: len(s.generated) for s in active}
+        policy = self.budget(len(active)) if self.budget is not None else None
+        session.verify(active, session.propose(active, policy))
+        self.counters.steps += 1
+        self._update(session, live, streams, active, before)
+
+    def _update(self, session, live, streams, touched, before: dict[int, int]) -> None:
+        for s in touched:
+            request = live[s.key]
+            if request.listener is not None and len(s.generated) > before[s.key]:
+                request.listener(s.generated[before[s.key] :])
+            if s.finish is not None:
+                result = session.result(s)
+                session.release(s)
+                del live[s.key], streams[s.key]
+                self.counters.finished += 1
+                try:
+                    request.future.set_result(result)
+                except InvalidStateError:  # cancelled while its last step ran
+                    pass
+
+
+def _fail(future: Future, error: BaseException) -> None:
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass

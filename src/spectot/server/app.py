@@ -1,0 +1,559 @@
+"""The OpenAI-compatible HTTP API over any ``AsyncBackend`` (``spectot serve``).
+
+``create_app(backend)`` serves ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``,
+streamed (server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``) or not. A request with
+``n`` choices (times the prompts of a batched completion) becomes that many ``CompletionRequest``s, the j-th
+with ``seed + j`` when a seed is given; all requests, from all clients, are simply awaited concurrently and the
+backend batches them. A client that disconnects cancels its generations.
+
+Bad requests get OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid or
+unsupported parameters (pydantic's validation errors included, as vLLM does), 404 for an unknown model.
+
+Backends may offer, beyond the protocol: ``render_chat(messages) -> str`` (the chat template applied, so any
+conversation can be served; without it, only a single user message, passed on with ``chat=True``),
+``count_tokens(text) -> int`` and ``max_context`` (prompt-length checks and streamed usage).
+
+Streaming caveat: ``AsyncBackend.stream`` yields text only, so a streamed choice's ``finish_reason`` and token
+counts are re-derived from its text with ``count_tokens`` ("length" when the text has ``max_tokens`` tokens);
+streamed responses carry no logprobs (asking for both is refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default, used when the backend's context length is unknown
+
+
+# -- errors ------------------------------------------------------------------------------------------------------
+class ApiError(Exception):
+    """An error answered with OpenAI's error body."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, kind: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    """pydantic's errors as one 400: 'max_tokens: Input should be greater than or equal to 1; ...'."""
+    parts, params = [], []
+    for error in exc.errors():
+        loc = [str(x) for x in error.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        params.append(param)
+        parts.append(f"{param}: {error.get('msg', 'invalid')}" if param else str(error.get("msg", "invalid")))
+    return ApiError(400, "; ".join(parts) or "invalid request body", params[0] if params else None)
+
+
+# -- request bodies ----------------------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class SamplingBody(BaseModel):
+    """What completions and chat completions share; unknown fields are ignored, as vLLM does."""
+
+    model: StrictStr | None = None  # None: the served model
+    max_tokens: StrictInt | None = Field(None, ge=1)  # None: the rest of the context (16 when unknown)
+    temperature: StrictFloat = Field(1.0, ge=0.0)
+    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
+    n: StrictInt = Field(1, ge=1, le=128)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
+    logit_bias: dict[str, StrictFloat] | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, why) for a parameter this server cannot honour; None when all can be."""
+        if self.presence_penalty or self.frequency_penalty:
+            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
+            return param, f"{param} is not supported (only 0)"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported"
+        return None
+
+
+class CompletionBody(SamplingBody):
+    prompt: StrictStr | list[StrictStr] = Field(min_length=1)  # a list is a batch of prompts (not token ids)
+    logprobs: StrictInt | None = Field(None, ge=0, le=5)
+    echo: StrictBool = False
+    best_of: StrictInt | None = Field(None, ge=1)
+    suffix: StrictStr | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "echo is not supported"
+        if self.best_of is not None and self.best_of > 1:
+            return "best_of", "best_of > 1 is not supported: ask for n completions and rank them yourself"
+        if self.suffix:
+            return "suffix", "suffix is not supported"
+        if self.logprobs is not None and self.logprobs > 1:
+            return "logprobs", "logprobs > 1 is not supported: this server returns the sampled token's logprob only"
+        if self.stream and self.logprobs is not None:
+            return "logprobs", "logprobs are not returned when streaming: set stream to false"
+        return super().unsupported()
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ChatBody(SamplingBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)  # OpenAI's newer name; wins over max_tokens
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.tools:
+            return "tools", "tools are not supported"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "response_format other than text is not supported"
+        if self.top_logprobs:
+            return "top_logprobs", "top_logprobs > 0 is not supported: this server returns the sampled token's only"
+        if self.stream and self.logprobs:
+            return "logprobs", "logprobs are not returned when streaming: set stream to false"
+        return super().unsupported()
+
+
+# -- planning: bodies -> backend requests ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """The backend requests of one HTTP request: choice i = prompt i // n, sample i % n."""
+
+    requests: list[CompletionRequest]
+    prompt_tokens: list[int | None]  # per prompt, when the backend can count them
+    n: int
+
+
+def check_model(backend: AsyncBackend, model: str | None) -> None:
+    if model is not None and model != backend.name:
+        message = f"The model `{model}` does not exist (this server serves `{backend.name}`)."
+        raise ApiError(404, message, "model", "model_not_found")
+
+
+def token_budget(backend: AsyncBackend, seen: str | None, max_tokens: int | None, field: str) -> tuple[int | None, int]:
+    """(prompt tokens, max_tokens to ask for) of one prompt, checked against the backend's context length.
+
+    ``seen`` is the prompt as the model sees it (None when unknown: then nothing is checked); without
+    ``max_tokens`` the completion may fill the rest of the context (vLLM's default), or 16 tokens when the
+    context length is unknown.
+    """
+    count: Callable[[str], int] | None = getattr(backend, "count_tokens", None)
+    max_context: int | None = getattr(backend, "max_context", None)
+    tokens = count(seen) if count is not None and seen is not None else None
+    if tokens is None or max_context is None:
+        return tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    budget = max_tokens if max_tokens is not None else max(1, max_context - tokens)
+    if tokens + budget > max_context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_context} tokens. However, you requested "
+            f"{tokens + budget} tokens ({tokens} in the {field}, {budget} in the completion). "
+            f"Please reduce the length of the {field} or completion.",
+            field,
+            "context_length_exceeded",
+        )
+    return tokens, budget
+
+
+def plan(
+    prompts: Sequence[str], budgets: Sequence[tuple[int | None, int]], body: SamplingBody, logprobs: bool, chat: bool
+) -> Plan:
+    """Each prompt ``n`` times, the j-th sample seeded ``seed + j``."""
+    requests: list[CompletionRequest] = []
+    for prompt, (_, max_tokens) in zip(prompts, budgets):
+        for j in range(body.n):
+            try:
+                requests.append(
+                    CompletionRequest(
+                        prompt,
+                        max_tokens=max_tokens,
+                        temperature=body.temperature,
+                        top_p=body.top_p,
+                        stop=body.stop_strings(),
+                        seed=body.seed + j if body.seed is not None else None,
+                        logprobs=logprobs,
+                        chat=chat,
+                    )
+                )
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from exc
+    return Plan(requests, [tokens for tokens, _ in budgets], body.n)
+
+
+def plan_completion(backend: AsyncBackend, body: CompletionBody) -> Plan:
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    budgets = [token_budget(backend, p, body.max_tokens, "prompt") for p in prompts]
+    return plan(prompts, budgets, body, body.logprobs is not None, chat=False)
+
+
+def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
+    """A lone user message goes to the backend with ``chat=True`` (it applies its chat template to token ids,
+    exactly as ``Pipeline.encode`` does); any other conversation is rendered to text with ``render_chat``."""
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    render: Callable[[list[dict]], str] | None = getattr(backend, "render_chat", None)
+    rendered: str | None = None
+    if render is not None:
+        try:
+            rendered = render(messages)
+        except Exception as exc:  # a template's own refusal (roles must alternate, ...) is the request's fault
+            raise ApiError(400, f"cannot apply the chat template to these messages: {exc}", "messages") from exc
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        prompt, chat = messages[0]["content"], True
+    elif rendered is not None:
+        prompt, chat = rendered, False
+    else:
+        raise ApiError(
+            400,
+            f"backend {backend.name} takes a single user message per chat request (it has no chat template to "
+            "render a conversation with)",
+            "messages",
+        )
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return plan([prompt], [token_budget(backend, rendered, max_tokens, "messages")], body, body.logprobs, chat)
+
+
+def refuse_unsupported(body: SamplingBody) -> None:
+    found = body.unsupported()
+    if found is not None:
+        raise ApiError(400, found[1], found[0], "unsupported_parameter")
+
+
+# -- running: concurrently, until done or the client leaves --------------------------------------------------
+async def complete_all(backend: AsyncBackend, requests: Sequence[CompletionRequest]) -> list[Completion]:
+    """All completions at once; the first failure cancels the rest and is raised."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(backend.complete(r)) for r in requests]
+    except BaseExceptionGroup as errors:
+        raise errors.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client disconnects: after the body, the server's next ASGI message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: asyncio.Task) -> bool:
+    """Await ``work``; cancel it and return False if the client disconnects first."""
+    watch = asyncio.create_task(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait({work})  # the backend has let go of the request when this returns
+    return not work.cancelled()
+
+
+async def stream_all(backend: AsyncBackend, requests: Sequence[CompletionRequest]) -> AsyncIterator[tuple[int, str]]:
+    """(choice, piece) from all streams as pieces arrive, and (choice, "") once a choice has ended.
+
+    Closing this iterator (or cancelling its consumer) cancels every stream still running.
+    """
+    queue: asyncio.Queue[tuple[int, str, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, request: CompletionRequest) -> None:
+        pieces = backend.stream(request)
+        try:
+            async for piece in pieces:
+                if piece:
+                    await queue.put((index, piece, None))
+            await queue.put((index, "", None))
+        except Exception as exc:
+            await queue.put((index, "", exc))
+        finally:
+            aclose = getattr(pieces, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        running = len(tasks)
+        while running:
+            index, piece, error = await queue.get()
+            if error is not None:
+                raise error
+            if not piece:
+                running -= 1
+            yield index, piece
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+# -- responses -------------------------------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def usage_of(work: Plan, completions: Sequence[Completion]) -> dict[str, int]:
+    """Each prompt counted once (as OpenAI does for n > 1), every choice's tokens counted."""
+    prompt = sum(completions[i * work.n].prompt_tokens for i in range(len(work.prompt_tokens)))
+    return usage(prompt, sum(c.completion_tokens for c in completions))
+
+
+def text_choice(index: int, completion: Completion, logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": completion.text,
+        # Token strings and offsets are not part of a Completion; the logprobs are the sampled tokens'.
+        "logprobs": {"tokens": None, "token_logprobs": completion.logprobs, "top_logprobs": None, "text_offset": None}
+        if logprobs
+        else None,
+        "finish_reason": completion.finish_reason,
+    }
+
+
+def chat_choice(index: int, completion: Completion, logprobs: bool) -> dict[str, Any]:
+    content = [{"token": "", "logprob": lp, "bytes": None, "top_logprobs": []} for lp in completion.logprobs]
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": completion.text},
+        "logprobs": {"content": content} if logprobs else None,
+        "finish_reason": completion.finish_reason,
+    }
+
+
+def sse(event: dict[str, Any] | str) -> str:
+    return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n"
+
+
+def streamed_ending(backend: AsyncBackend, text: str, max_tokens: int) -> tuple[str, int]:
+    """(finish_reason, completion tokens) of a streamed choice, re-derived from its text (see the module doc)."""
+    count: Callable[[str], int] | None = getattr(backend, "count_tokens", None)
+    if count is None or not text:
+        return "stop", 0
+    tokens = count(text)
+    return ("length" if tokens >= max_tokens else "stop"), tokens
+
+
+async def stream_events(
+    backend: AsyncBackend, work: Plan, chat: bool, include_usage: bool, header: dict[str, Any]
+) -> AsyncIterator[str]:
+    """The server-sent events of a streamed request, in OpenAI's chunk format, ending with ``data: [DONE]``."""
+
+    def chunk(choices: list[dict[str, Any]]) -> str:
+        return sse({**header, "choices": choices})
+
+    texts = ["" for _ in work.requests]
+    if chat:
+        for i in range(len(work.requests)):
+            opening = {"role": "assistant", "content": ""}
+            yield chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
+    try:
+        async for index, piece in stream_all(backend, work.requests):
+            if piece:
+                texts[index] += piece
+                part = {"delta": {"content": piece}} if chat else {"text": piece}
+                yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": None}])
+                continue
+            reason, _ = streamed_ending(backend, texts[index], work.requests[index].max_tokens)
+            part = {"delta": {}} if chat else {"text": ""}
+            yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
+    except Exception as exc:  # the status line is sent: report in-band, as vLLM does
+        logger.exception("streamed generation failed")
+        yield sse(ApiError(500, f"generation failed: {exc}").body())
+    else:
+        if include_usage:
+            prompt = sum(t or 0 for t in work.prompt_tokens)
+            completion = sum(streamed_ending(backend, t, r.max_tokens)[1] for t, r in zip(texts, work.requests))
+            yield sse({**header, "choices": [], "usage": usage(prompt, completion)})
+    yield sse("[DONE]")
+
+
+# -- the app ---------------------------------------------------------------------------------------------------
+def create_app(backend: AsyncBackend) -> FastAPI:
+    """The OpenAI-compatible API over ``backend``; the caller owns the backend (``serve`` closes it)."""
+    app = FastAPI(title="spectot", summary="OpenAI-compatible completions over a spectot backend")
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        error = validation_error(exc)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = ApiError(exc.status_code, str(exc.detail))
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card: dict[str, Any] = {
+            "id": backend.name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "spectot",
+        }
+        max_context = getattr(backend, "max_context", None)
+        if max_context is not None:
+            card["max_model_len"] = max_context
+        return {"object": "list", "data": [card]}
+
+    async def respond(
+        request: Request, work: Plan, chat: bool, body: SamplingBody, logprobs: bool
+    ) -> Response | dict[str, Any]:
+        kind = "chat.completion" if chat else "text_completion"
+        header = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": kind + (".chunk" if chat and body.stream else ""),
+            "created": int(time.time()),
+            "model": backend.name,
+            "system_fingerprint": None,
+        }
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = stream_events(backend, work, chat, include_usage, header)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        task = asyncio.create_task(complete_all(backend, work.requests))
+        if not await unless_disconnected(request, task):
+            logger.info("client left: cancelled %d request(s)", len(work.requests))
+            return Response(status_code=499)
+        try:
+            completions = task.result()
+        except Exception as exc:
+            logger.exception("generation failed")
+            raise ApiError(500, f"generation failed: {exc}") from exc
+        make_choice = chat_choice if chat else text_choice
+        choices = [make_choice(i, c, logprobs) for i, c in enumerate(completions)]
+        return {**header, "choices": choices, "usage": usage_of(work, completions)}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionBody, request: Request) -> Response | dict[str, Any]:
+        check_model(backend, body.model)
+        refuse_unsupported(body)
+        return await respond(request, plan_completion(backend, body), False, body, body.logprobs is not None)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatBody, request: Request) -> Response | dict[str, Any]:
+        check_model(backend, body.model)
+        refuse_unsupported(body)
+        return await respond(request, plan_chat(backend, body), True, body, body.logprobs)
+
+    return app
+
+
+# -- serving ---------------------------------------------------------------------------------------------------
+def serve(backend: AsyncBackend, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve ``backend`` until interrupted (blocking), then close it."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(backend), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    )
+
+    async def run() -> None:
+        try:
+            await server.serve()
+        finally:
+            await backend.aclose()
+
+    asyncio.run(run())
+
+
+class BackgroundServer:
+    """An app served by uvicorn on a thread of its own (tests, notebooks): ``with BackgroundServer(app) as s: s.url``.
+
+    ``port=0`` takes a free port; the socket is bound before the thread starts, so ``url`` is valid at once.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        import uvicorn
+
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join()
+        self._socket.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,103 @@
+"""The local engine behind the async backend interface, on a tiny fp32 checkpoint.
+
+- concurrent greedy completions equal the Pipeline's own greedy generate, text for text;
+- logprobs are the target's log-probabilities of the emitted tokens;
+- streamed pieces join to the completion's text and stop strings never leak into them;
+- cancelling the awaiting task abandons the request and later requests still complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from spectot.backends.base import CompletionRequest
+from spectot.backends.local import LocalEngineBackend
+from spectot.config import DraftOptions, ModelOptions
+from spectot.pipeline import Pipeline
+
+PROMPTS = ["w1 w2 w3 w1 w2", "w5 w6", "w7 w8 w9 w10", "w1 w2 w3 w1 w2"]
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_checkpoint) -> Pipeline:
+    return Pipeline.from_options(
+        ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch"), DraftOptions(draft="ngram")
+    )
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_concurrent_greedy_completions_equal_pipeline(pipe, method) -> None:
+    want = [g.text for g in pipe.generate(PROMPTS, max_new_tokens=12, method="ar")]
+
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe, method=method)
+        try:
+            return await asyncio.gather(*(backend.complete(CompletionRequest(p, 12, chat=True)) for p in PROMPTS))
+        finally:
+            await backend.aclose()
+
+    got = asyncio.run(main())
+    assert [c.text for c in got] == want
+    assert all(c.completion_tokens == 12 or c.finish_reason == "stop" for c in got)
+
+
+def test_logprobs_are_the_targets(pipe) -> None:
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+            return await backend.complete(CompletionRequest("w5 w6", 6, logprobs=True, chat=True))
+        finally:
+            await backend.aclose()
+
+    out = asyncio.run(main())
+    ids = pipe.encode("w5 w6")
+    gen = pipe.generate("w5 w6", max_new_tokens=6, method="ar")[0].token_ids
+    with torch.no_grad():
+        logits = pipe.target.model(torch.tensor([ids + gen])).logits[0, len(ids) - 1 : -1]
+    want = logits.log_softmax(-1)[torch.arange(len(gen)), torch.tensor(gen)]
+    assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4)
+    assert out.mean_logprob == pytest.approx(float(want.mean()), abs=1e-4)
+
+
+def test_stream_joins_to_the_completion_and_hides_stop_strings(pipe) -> None:
+    full = pipe.generate("w7 w8 w9 w10", max_new_tokens=16, method="ar")[0].text
+    words = full.split()
+    stop = words[3] if len(words) > 4 else None
+
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+            request = CompletionRequest("w7 w8 w9 w10", 16, stop=(stop,) if stop else (), chat=True)
+            pieces = [p async for p in backend.stream(request)]
+            return pieces, await backend.complete(request)
+        finally:
+            await backend.aclose()
+
+    pieces, completion = asyncio.run(main())
+    assert "".join(pieces) == completion.text
+    if stop:
+        assert stop not in "".join(pieces)
+        assert completion.finish_reason == "stop"
+
+
+def test_cancelled_task_abandons_its_request(pipe) -> None:
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+            task = asyncio.create_task(backend.complete(CompletionRequest("w1 w2", 400, chat=True)))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            after = await backend.complete(CompletionRequest("w5 w6", 4, chat=True))
+            return backend, after
+        finally:
+            await backend.aclose()
+
+    backend, after = asyncio.run(main())
+    assert after.completion_tokens <= 4
+    assert backend.engine.counters.cancelled + backend.engine.counters.finished >= 1
+    assert pipe.runner.cache.used == 0

@@ -1,0 +1,52 @@
+"""SPEX's inter-query budget: softmax allocation capped by capacity, and k_total read off a throughput curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectot.explore.budget import allocate, k_total_from_curve
+
+
+def test_allocation_worked_example() -> None:
+    # score = C P (S_w + S_KV) = [4, 1]; softmax = [0.9526, 0.0474]; floor(8 x) = [7, 0]
+    assert allocate(8, [8, 2], [0.5, 0.5], 0.0, [1.0, 1.0]) == [7, 0]
+
+
+def test_allocation_caps_at_capacity_and_never_exceeds_k_total() -> None:
+    k = allocate(16, [2, 9, 9], [0.9, 0.1, 0.1], 0.5, [0.5, 0.5, 0.5], tau=5.0)
+    # score = [1.8, 0.9, 0.9]; softmax(5 score) = [.978, .011, .011]: query 0 would get 15 but can use 2
+    assert k == [2, 0, 0]
+    for tau in (0.0, 0.3, 1.0, 10.0):
+        k = allocate(20, [5, 7, 3, 11], [0.2, 0.6, 0.9, 0.4], [0.1, 0.3, 0.0, 0.2], [0.4, 0.1, 0.8, 0.3], tau)
+        assert sum(k) <= 20
+        assert all(0 <= kq <= cap for kq, cap in zip(k, [5, 7, 3, 11]))
+
+
+def test_tau_zero_splits_evenly() -> None:
+    assert allocate(12, [10, 10, 10], [0.1, 0.5, 0.9], 0.2, [0.0, 0.3, 0.6], tau=0.0) == [4, 4, 4]
+
+
+def test_allocation_edge_cases() -> None:
+    assert allocate(8, [], [], 0.0, []) == []
+    assert allocate(0, [3, 3], [1.0, 1.0], 1.0, [1.0, 1.0]) == [0, 0]
+    with pytest.raises(ValueError, match="one value per query"):
+        allocate(8, [1, 2], [0.5], 0.0, [1.0, 1.0])
+    with pytest.raises(ValueError, match="reusable_weight"):
+        allocate(8, [1, 2], [0.5, 0.5], [0.1], [1.0, 1.0])
+
+
+def test_k_total_where_the_curve_flattens() -> None:
+    concurrency = [1, 2, 4, 8, 16, 32]
+    assert k_total_from_curve(concurrency, [10.0, 19.0, 35.0, 60.0, 61.0, 60.5]) == 8
+    assert k_total_from_curve(concurrency, [10.0, 19.0, 35.0, 60.0, 61.0, 60.5], tolerance=0.01) == 16
+    # a dip is not a plateau: 4 -> 8 falls, but 16 rises again far above 4's throughput
+    assert k_total_from_curve(concurrency, [10.0, 19.0, 35.0, 33.0, 70.0, 71.0]) == 16
+    assert k_total_from_curve(concurrency, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]) == 32  # still rising: the last point
+    assert k_total_from_curve([4], [7.0]) == 4
+
+
+def test_k_total_rejects_bad_curves() -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        k_total_from_curve([1, 4, 2], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="matching"):
+        k_total_from_curve([1, 2], [1.0])

@@ -1,0 +1,113 @@
+"""The continuous engine: requests that arrive at any time, from any thread, decode exactly.
+
+- greedy fp32: requests submitted while others run (ar and sd, chain and tree drafts) give token for
+  token what the level decoder gives each prompt alone;
+- sampled: a request's tokens depend only on its seed, not on what shares its forwards;
+- a cancelled request is dropped and its KV freed; priorities decide admission; a bad request fails
+  alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spectot.engine.runner import ModelRunner
+from spectot.schedulers.continuous import ContinuousEngine
+from spectot.spec.decoding import DecodeConfig, Decoder
+from spectot.spec.proposers.ngram import NgramProposer
+from spectot.spec.sampling import SamplingParams
+from spectot.spec.trees.dynamic import StaticPolicy
+from spectot.spec.trees.shapes import k_config_tree
+
+PROMPTS = [[3, 4, 5, 6, 3, 4], [7, 8, 9], [3, 4, 5, 6, 3, 4], [10, 11, 12, 13, 14, 10, 11], [5]]
+
+
+def reference(target, prompts, config, seeds):
+    return [r.token_ids for r in Decoder(ModelRunner(target)).generate(prompts, config, seeds)]
+
+
+@pytest.mark.parametrize("method,tree", [("ar", None), ("sd", None), ("sd", (2, 2, 1))])
+def test_greedy_staggered_requests_equal_plain_decoding(tiny_llama, method, tree) -> None:
+    target = tiny_llama()
+    config = DecodeConfig(max_new_tokens=16, method=method, num_draft_tokens=4)
+    seeds = list(range(len(PROMPTS)))
+    want = reference(target, PROMPTS, DecodeConfig(max_new_tokens=16), seeds)
+    policy = StaticPolicy(tuple(k_config_tree(tree))) if tree else None
+    decoder = Decoder(ModelRunner(target), proposer=NgramProposer(width=2) if method == "sd" else None)
+    engine = ContinuousEngine(decoder, budget=(lambda b: policy) if policy else None)
+    try:
+        futures = []
+        for p, seed in zip(PROMPTS, seeds):
+            futures.append(engine.submit(p, config, seed))
+            time.sleep(0.01)  # later requests join streams already decoding
+        got = [f.result(timeout=60).token_ids for f in futures]
+    finally:
+        engine.close()
+    assert got == want
+    assert engine.counters.finished == len(PROMPTS)
+
+
+def test_sampled_tokens_depend_only_on_the_seed(tiny_llama) -> None:
+    target = tiny_llama()
+    config = DecodeConfig(max_new_tokens=12, sampling=SamplingParams(do_sample=True, temperature=1.0))
+    alone = reference(target, [PROMPTS[1]], config, [42])[0]
+    engine = ContinuousEngine(Decoder(ModelRunner(target)))
+    try:
+        crowd = [engine.submit(p, config, seed) for seed, p in enumerate(PROMPTS)]
+        mine = engine.submit(PROMPTS[1], config, 42)
+        assert mine.result(timeout=60).token_ids == alone
+        [f.result(timeout=60) for f in crowd]
+    finally:
+        engine.close()
+
+
+def test_cancelled_request_frees_its_kv_and_others_finish(tiny_llama) -> None:
+    target = tiny_llama()
+    runner = ModelRunner(target)
+    engine = ContinuousEngine(Decoder(runner))
+    try:
+        doomed = engine.submit(PROMPTS[0], DecodeConfig(max_new_tokens=200), 0)
+        time.sleep(0.05)
+        assert doomed.cancel() or doomed.done()
+        kept = engine.submit(PROMPTS[1], DecodeConfig(max_new_tokens=8), 1)
+        assert len(kept.result(timeout=60).token_ids) == 8
+        deadline = time.time() + 10
+        while engine.counters.cancelled + engine.counters.finished < 2 and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.close()
+    assert doomed.cancelled()
+    assert runner.cache.used == 0  # every slot released: the cancelled stream and its prompt KV
+
+
+def test_priority_orders_admission(tiny_llama) -> None:
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
+    order: list[str] = []
+    try:
+        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0)
+        time.sleep(0.02)  # the blocker holds the only slot while the others queue
+        late = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1, priority=1)
+        urgent = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2, priority=0)
+        late.add_done_callback(lambda f: order.append("speculative"))
+        urgent.add_done_callback(lambda f: order.append("primary"))
+        for f in (blocker, late, urgent):
+            f.result(timeout=60)
+    finally:
+        engine.close()
+    assert order == ["primary", "speculative"]
+    assert engine.counters.max_live == 1
+
+
+def test_a_prompt_too_long_fails_alone(tiny_llama) -> None:
+    runner = ModelRunner(tiny_llama(), max_context=64)
+    engine = ContinuousEngine(Decoder(runner))
+    try:
+        bad = engine.submit(list(range(3, 60)), DecodeConfig(max_new_tokens=32), 0)
+        with pytest.raises(ValueError, match="exceeds the model's context"):
+            bad.result(timeout=60)
+        good = engine.submit([3, 4], DecodeConfig(max_new_tokens=4), 0)
+        assert len(good.result(timeout=60).token_ids) == 4
+    finally:
+        engine.close()
