@@ -127,7 +127,7 @@ class OpenAIBackend:
     async def complete(self, request: CompletionRequest) -> Completion:
         start = time.perf_counter()
         model = await self.model()
-        kwargs = self._arguments(request, model)
+        kwargs = self._arguments(request, model, stream=False)
         for attempt in range(self.max_retries + 1):
             server = self._pick()
             server.outstanding += 1
@@ -147,7 +147,7 @@ class OpenAIBackend:
     async def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
         """The text in pieces as the server sends them; retried only until the first piece arrives."""
         model = await self.model()
-        kwargs = self._arguments(request, model)
+        kwargs = self._arguments(request, model, stream=True)
         for attempt in range(self.max_retries + 1):
             server = self._pick()
             server.outstanding += 1
@@ -168,6 +168,8 @@ class OpenAIBackend:
                     if piece:
                         yield piece
                 return
+            except openai.APIError as exc:  # mid-stream: the pieces sent cannot be taken back, so no retry
+                raise OpenAIBackendError(f"{server.url}: the stream broke: {exc.message}", None, server.url) from exc
             finally:
                 server.outstanding -= 1
                 await chunks.close()  # on early exit or cancellation: closing the response aborts the request
@@ -184,24 +186,28 @@ class OpenAIBackend:
 
     # -- helpers -----------------------------------------------------------------------------------------------
     async def model(self) -> str:
-        """The model name: the one given, else the first model the first server lists (asked once)."""
+        """The model name: the one given, else the first model listed by the first server that answers."""
         if self._model is not None:
             return self._model
         async with self._model_lock:
-            if self._model is None:
-                server = self._servers[0]
+            failures = []
+            for server in self._servers:
+                if self._model is not None:
+                    break
                 try:
                     page = await server.client.models.list()
                 except openai.APIError as exc:
-                    raise OpenAIBackendError(
-                        f"{server.url}: cannot list models to pick one ({exc}); pass the model name explicitly",
-                        getattr(exc, "status_code", None),
-                        server.url,
-                    ) from exc
+                    failures.append(f"{server.url}: {exc.message}")
+                    continue
                 if not page.data:
-                    raise OpenAIBackendError(f"{server.url}/models lists no model", None, server.url)
+                    failures.append(f"{server.url}/models lists no model")
+                    continue
                 self._model = page.data[0].id
                 logger.info("using model %s served at %s", self._model, server.url)
+            if self._model is None:
+                raise OpenAIBackendError(
+                    f"cannot find a model to use ({'; '.join(failures)}); pass the model name explicitly"
+                )
         return self._model
 
     def _pick(self) -> _Server:
@@ -228,7 +234,8 @@ class OpenAIBackend:
         logger.warning("%s: %s; retry %d/%d in %.2f s", server.url, exc.message, attempt + 1, self.max_retries, delay)
         await asyncio.sleep(delay)
 
-    def _arguments(self, request: CompletionRequest, model: str) -> dict[str, Any]:
+    def _arguments(self, request: CompletionRequest, model: str, stream: bool) -> dict[str, Any]:
+        logprobs = request.logprobs and not stream  # a stream is text only
         kwargs: dict[str, Any] = {
             "model": model,
             "max_tokens": request.max_tokens,
@@ -241,11 +248,11 @@ class OpenAIBackend:
             kwargs["seed"] = request.seed
         if request.chat:
             kwargs["messages"] = [{"role": "user", "content": request.prompt}]
-            if request.logprobs:
+            if logprobs:
                 kwargs["logprobs"] = True
         else:
             kwargs["prompt"] = request.prompt
-            if request.logprobs:
+            if logprobs:
                 kwargs["logprobs"] = 1  # the sampled token's log-probability (and the top-1 alternative)
         if self.forward_priority:
             kwargs["extra_body"] = {"priority": request.priority}

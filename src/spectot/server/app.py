@@ -63,13 +63,15 @@ class ApiError(Exception):
 
 
 def validation_error(exc: RequestValidationError) -> ApiError:
-    """pydantic's errors as one 400: 'max_tokens: Input should be greater than or equal to 1; ...'."""
+    """pydantic's errors as one 400, e.g. 'max_tokens: Input should be greater than or equal to 1'.
+
+    ``param`` is the top-level field (as OpenAI reports it); the message gives each error's full path.
+    """
     parts, params = [], []
     for error in exc.errors():
         loc = [str(x) for x in error.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        params.append(param)
-        parts.append(f"{param}: {error.get('msg', 'invalid')}" if param else str(error.get("msg", "invalid")))
+        params.append(loc[0] if loc else None)
+        parts.append(f"{'.'.join(loc)}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid")))
     return ApiError(400, "; ".join(parts) or "invalid request body", params[0] if params else None)
 
 

@@ -55,6 +55,7 @@ class Task:
 
     name: str = "task"
     depth: int = 1  # T: the number of steps to a complete solution
+    value_range: tuple[float, float] = (1.0, 10.0)  # what parse_value returns: lowest, highest
 
     def thought(self, problem: Problem, state: State) -> StepRequest:
         """The prompt for G: the next step after ``state``."""
@@ -83,6 +84,10 @@ class Task:
     def grade(self, problem: Problem, answer: str) -> float:
         """The task's metric for one answer: 1.0 / 0.0 for accuracy tasks, a score otherwise."""
         ...
+
+    def same_answer(self, a: str, b: str) -> bool:
+        """Whether two final answers are the same answer (votes over leaves group by it)."""
+        return a.strip() == b.strip()
 
     # -- generic defaults: generation by `propose`, evaluation by `vote` ---------------------------
     def propose(self, problem: Problem, state: State, n: int) -> StepRequest:

@@ -816,6 +816,7 @@ class BlocksworldTask(Task):
     """
 
     name = "blocksworld"
+    value_range = (0.0, 1.0)  # self-evaluation: bad / good
 
     def __init__(
         self,

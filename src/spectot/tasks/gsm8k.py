@@ -218,3 +218,6 @@ class Gsm8kTask(Task):
 
     def grade(self, problem: Problem, answer: str) -> float:
         return 1.0 if answer and numbers_equal(answer, str(problem.answer)) else 0.0
+
+    def same_answer(self, a: str, b: str) -> bool:
+        return numbers_equal(a, b)

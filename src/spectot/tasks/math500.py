@@ -362,3 +362,6 @@ class Math500Task(Task):
 
     def grade(self, problem: Problem, answer: str) -> float:
         return 1.0 if answer and is_equiv(answer, str(problem.answer)) else 0.0
+
+    def same_answer(self, a: str, b: str) -> bool:
+        return is_equiv(a, b)

@@ -1,0 +1,249 @@
+"""SPEX's producer/consumer execution for one query: expansions as tasks, some of them speculative.
+
+The *consumer* is the search algorithm (``search/bfs.py``, ``search/mcts.py``): it asks for the
+expansions it needs (``expand``, ``level``) and appends their results to its tree. The *producers*
+are asyncio tasks, one per expansion, each a generation plus its reward on the backend. Without
+speculation the explorer is a thin pass-through, so the search is exactly the plain algorithm.
+
+With speculation, while the consumer waits at a reward barrier the explorer starts expansions the
+search will probably ask for next:
+    BFS  a level child that finished early is expanded ahead with the algorithm's own width rule over
+         the rewards of its siblings finished so far (``lookahead`` layers deep);
+    DFS  the search itself asks for ``spare()`` extra rollouts selected with virtual visits.
+Speculative work runs at backend priority 1 (primary work is admitted first) and only within the
+query's share of the global budget (``SharedBudget``); primary work never waits for budget. A
+speculated expansion the search later asks for is a *hit* (awaited, not re-run); the subtrees the
+search moves away from are cancelled at once and their budget released.
+
+Vocabulary of the counters: speculated = speculative expansions started; hits = those the search
+used; cancelled = stopped before finishing; wasted_tokens = tokens of finished speculative
+expansions never used; saving rate = hits / expansions the search used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spectot.explore.budget import allocate
+from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
+
+WidthRule = Callable[[Sequence[Child], int], list[int]]  # (finished siblings, budget) -> children of each
+
+
+@dataclass
+class SpecCounters:
+    expansions_used: int = 0  # expansions the search consumed (primary ones and hits)
+    speculated: int = 0
+    hits: int = 0
+    cancelled: int = 0
+    wasted_tokens: int = 0
+    used_tokens: int = 0
+    budget_peak: int = 0  # most speculative expansions in flight at once
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.speculated if self.speculated else 0.0
+
+    @property
+    def saving_rate(self) -> float:
+        return self.hits / self.expansions_used if self.expansions_used else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "hit_rate": self.hit_rate, "saving_rate": self.saving_rate}
+
+
+@dataclass
+class SharedBudget:
+    """The global cap of speculative expansions in flight, shared by every query (SPEX's inter-query
+    budget): each query's share is ``allocate``'s k_q over the queries currently asking."""
+
+    k_total: int
+    tau: float = 1.0
+    reusable_weight: float = 1.0  # S_w: target weights are reused by every expansion alike
+    wanted: dict[int, int] = field(default_factory=dict)  # C_q: speculative expansions q could start now
+    kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q)
+    in_flight: dict[int, int] = field(default_factory=dict)
+    hits: dict[int, int] = field(default_factory=dict)
+    speculated: dict[int, int] = field(default_factory=dict)
+
+    def grant(self, query: int, wanted: int, kv_reuse: float) -> int:
+        """How many more speculative expansions ``query`` may start now."""
+        self.wanted[query], self.kv_reuse[query] = wanted, kv_reuse
+        queries = list(self.wanted)
+        capacity = [self.wanted[q] + self.in_flight.get(q, 0) for q in queries]
+        # P_q: the query's hit rate so far with a uniform prior (Laplace), so a new query is not starved
+        hit_rate = [(self.hits.get(q, 0) + 1) / (self.speculated.get(q, 0) + 2) for q in queries]
+        shares = allocate(
+            self.k_total, capacity, hit_rate, self.reusable_weight, [self.kv_reuse[q] for q in queries], self.tau
+        )
+        free = self.k_total - sum(self.in_flight.values())
+        mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
+        if len(queries) == 1:  # alone: the whole budget is this query's
+            mine = min(wanted, self.k_total - self.in_flight.get(query, 0))
+        return max(0, min(mine, free, wanted))
+
+    def started(self, query: int) -> None:
+        self.in_flight[query] = self.in_flight.get(query, 0) + 1
+        self.speculated[query] = self.speculated.get(query, 0) + 1
+
+    def finished(self, query: int) -> None:
+        self.in_flight[query] -= 1
+
+    def hit(self, query: int) -> None:
+        self.hits[query] = self.hits.get(query, 0) + 1
+
+    def leave(self, query: int) -> None:
+        self.wanted.pop(query, None)
+        self.kv_reuse.pop(query, None)
+
+
+@dataclass
+class _Job:
+    task: asyncio.Task
+    speculative: bool
+    used: bool = False
+
+
+class Explorer:
+    def __init__(
+        self,
+        expander: Expander,
+        budget: SharedBudget | None = None,  # None: no speculation (the plain algorithm)
+        query: int = 0,
+        lookahead: int = 2,  # BFS: layers expanded ahead of the level being waited for
+    ) -> None:
+        self.expander, self.budget, self.query, self.lookahead = expander, budget, query, lookahead
+        self.counters = SpecCounters()
+        self._jobs: dict[ChildKey, _Job] = {}
+
+    @property
+    def speculating(self) -> bool:
+        return self.budget is not None and self.budget.k_total > 0
+
+    # -- what the consumer (the search) calls ------------------------------------------------------
+    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
+        """The child at ``key``: a speculated one if it exists (a hit), else a primary expansion.
+        A speculative rollout's own steps (DFS, ``priority=SPECULATIVE``) run as they are: the rollout
+        as a whole is what is speculated (``start``)."""
+        if priority == SPECULATIVE:
+            return await self.expander.expand(key, priority)
+        job = self._jobs.get(key)
+        if job is None or job.task.cancelled():
+            job = self._jobs[key] = _Job(asyncio.create_task(self.expander.expand(key, PRIMARY)), False)
+        elif job.speculative and not job.used:
+            self.counters.hits += 1
+            if self.budget is not None:
+                self.budget.hit(self.query)
+        first_use = not job.used
+        job.used = True
+        child = await asyncio.shield(job.task)  # a caller giving up must not cancel a shared expansion
+        if first_use:
+            self.counters.expansions_used += 1
+            self.counters.used_tokens += child.tokens
+        return child
+
+    async def level(self, keys: Sequence[ChildKey], rule: WidthRule | None = None, budget: int = 0) -> list[Child]:
+        """Every child of a BFS level; with speculation, each finished non-final child is expanded
+        ahead (``rule`` over its finished siblings, ``budget`` the level's remaining width)."""
+        tasks = [asyncio.ensure_future(self.expand(k)) for k in keys]
+        if not self.speculating or rule is None:
+            return list(await asyncio.gather(*tasks))
+        finished: list[Child] = []
+        for next_done in asyncio.as_completed(tasks):
+            child = await next_done
+            finished.append(child)
+            self._speculate_children(finished, rule, budget, self.lookahead)
+        return [t.result() for t in tasks]
+
+    def spare(self, wanted: int, depth: int = 1) -> int:
+        """How many speculative expansions the query may start now (DFS: extra rollouts)."""
+        if not self.speculating or wanted <= 0:
+            return 0
+        return self.budget.grant(self.query, wanted, kv_reuse=depth / (depth + 1))
+
+    def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task:
+        """Run a unit of the search's own work (a DFS rollout); a speculative one holds budget."""
+        task = asyncio.create_task(work)
+        if speculative and self.budget is not None:
+            self.counters.speculated += 1
+            self.budget.started(self.query)
+            self.counters.budget_peak = max(self.counters.budget_peak, self.budget.in_flight[self.query])
+            task.add_done_callback(lambda t: self.budget.finished(self.query))
+        return task
+
+    def promote(self) -> None:
+        """The search chose a speculative rollout as its next one (a DFS hit)."""
+        self.counters.hits += 1
+        if self.budget is not None:
+            self.budget.hit(self.query)
+
+    def speculate(self, key: ChildKey) -> asyncio.Task | None:
+        """Start ``key`` speculatively if it is not already running (the caller checked ``spare``)."""
+        if key in self._jobs and not self._jobs[key].task.cancelled():
+            return None
+        return self._launch(key)
+
+    def retain(self, keep: Callable[[ChildKey], bool]) -> None:
+        """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget)."""
+        for key, job in list(self._jobs.items()):
+            if job.speculative and not job.used and not keep(key):
+                if not job.task.done():
+                    job.task.cancel()
+                    self.counters.cancelled += 1
+                elif _succeeded(job.task):
+                    self.counters.wasted_tokens += job.task.result().tokens
+                del self._jobs[key]
+
+    async def close(self) -> None:
+        """Cancel whatever is still running (the search is done) and count what it wasted."""
+        self.retain(lambda key: False)
+        pending = [job.task for job in self._jobs.values() if not job.task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self.budget is not None:
+            self.budget.leave(self.query)
+
+    # -- producers ---------------------------------------------------------------------------------
+    def _speculate_children(self, siblings: Sequence[Child], rule: WidthRule, budget: int, depth_left: int) -> None:
+        if depth_left <= 0:
+            return
+        candidates = [c for c in siblings if not c.final]
+        if not candidates:
+            return
+        open_budget = max(budget - sum(c.final for c in siblings), 0)
+        widths = rule(candidates, open_budget)
+        keys = [ChildKey(c.state, i) for c, w in zip(candidates, widths) for i in range(w)]
+        keys = [k for k in keys if k not in self._jobs]
+        for key in keys[: self.spare(len(keys), depth=len(candidates[0].state))]:
+            task = self._launch(key)
+            task.add_done_callback(lambda t, b=open_budget, d=depth_left: self._after_speculative(t, rule, b, d))
+
+    def _after_speculative(self, task: asyncio.Task, rule: WidthRule, budget: int, depth_left: int) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        child = task.result()
+        siblings = [
+            job.task.result()
+            for key, job in self._jobs.items()
+            if key.parent == child.key.parent and _succeeded(job.task)
+        ]
+        self._speculate_children(siblings, rule, budget, depth_left - 1)
+
+    def _launch(self, key: ChildKey) -> asyncio.Task:
+        task = asyncio.create_task(self.expander.expand(key, SPECULATIVE))
+        self._jobs[key] = _Job(task, speculative=True)
+        self.counters.speculated += 1
+        if self.budget is not None:
+            self.budget.started(self.query)
+            in_flight = self.budget.in_flight.get(self.query, 0)
+            self.counters.budget_peak = max(self.counters.budget_peak, in_flight)
+            task.add_done_callback(lambda t: self.budget.finished(self.query))
+        return task
+
+
+def _succeeded(task: asyncio.Task) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None

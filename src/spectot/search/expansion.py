@@ -1,0 +1,111 @@
+"""One expansion — a new child of a search node, generated and rewarded — over an async backend.
+
+REBASE, ETS, rStar and REST-MCTS all grow their trees one *expansion* at a time: the Thought
+Generator writes the next step after a state (one completion), and a reward scores the new state.
+An expansion is named by its ``ChildKey`` — the parent state and the child's index among its
+siblings — and its sampling seed is a pure function of that key and the run's seed, so the same
+child comes out whether the search asks for it, SPEX speculated it earlier, or another engine runs
+it: speculation changes when work happens, never what it produces.
+
+Rewards (``RewardKind``):
+    self_eval  the task's evaluator prompt, greedy, scaled from the task's value range to [0, 1]
+    logprob    the policy's own confidence: exp(mean token log-probability of the step)
+    a callable ``(problem, state) -> float`` in [0, 1]: a pluggable reward model
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
+from spectot.search.policy import stream_seeds
+from spectot.tasks.base import Problem, State, StepRequest, Task
+
+RewardKind = Literal["self_eval", "logprob"]
+RewardModel = Callable[[Problem, State], float]
+PRIMARY, SPECULATIVE = 0, 1  # backend priorities: primary-branch work is admitted first
+
+
+@dataclass(frozen=True)
+class ChildKey:
+    parent: State
+    index: int  # the child's rank among its siblings: child i of a parent is always the same sample
+
+
+@dataclass(frozen=True)
+class Child:
+    key: ChildKey
+    state: State  # parent + (step,)
+    text: str  # the generator's raw output
+    reward: float  # in [0, 1]
+    final: bool
+    answer: str  # the task's final answer of `state` ('' when it gives none)
+    tokens: int  # tokens generated for this expansion (step + reward)
+    seconds: float
+
+    @classmethod
+    def make_dummy(cls, parent: State = (), index: int = 0, reward: float = 0.5, final: bool = False, answer=""):
+        step = f"step {len(parent)}.{index}"
+        return cls(ChildKey(parent, index), parent + (step,), step, reward, final, answer, 10, 0.0)
+
+
+@dataclass
+class ExpansionCounters:
+    expansions: int = 0
+    tokens: int = 0
+    requests: int = 0
+
+
+@dataclass
+class Expander:
+    """Expansions of one problem: ``expand(key)`` runs the generation and the reward, in that order."""
+
+    task: Task
+    problem: Problem
+    backend: AsyncBackend
+    reward: RewardKind | RewardModel = "self_eval"
+    seed: int = 0
+    temperature: float = 1.0  # thoughts are sampled; evaluations are greedy
+    counters: ExpansionCounters = field(default_factory=ExpansionCounters)
+
+    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
+        t = time.perf_counter()
+        step_request = self.task.thought(self.problem, key.parent)
+        [seed] = stream_seeds(self.seed, "TG", self.problem.id, key.parent, key.index, n=1)
+        out = await self._complete(step_request, self.temperature, seed, priority, logprobs=self.reward == "logprob")
+        step = self.task.parse_thought(self.problem, key.parent, out.text)
+        state = key.parent + (step,)
+        reward, reward_tokens = await self._reward(state, out, priority)
+        final = self.task.is_final(self.problem, state)
+        answer = self.task.final_answer(self.problem, state) if final else ""
+        tokens = out.completion_tokens + reward_tokens
+        self.counters.expansions += 1
+        self.counters.tokens += tokens
+        return Child(key, state, out.text, reward, final, answer, tokens, time.perf_counter() - t)
+
+    async def _reward(self, state: State, out: Completion, priority: int) -> tuple[float, int]:
+        if self.reward == "logprob":
+            return math.exp(out.mean_logprob), 0
+        if callable(self.reward):
+            return float(self.reward(self.problem, state)), 0
+        [seed] = stream_seeds(self.seed, "SE", self.problem.id, state, n=1)
+        judged = await self._complete(self.task.value(self.problem, state), 0.0, seed, priority)
+        low, high = self.task.value_range
+        score = (self.task.parse_value(judged.text) - low) / (high - low)
+        return min(1.0, max(0.0, score)), judged.completion_tokens
+
+    async def _complete(
+        self, step: StepRequest, temperature: float, seed: int, priority: int, logprobs: bool = False
+    ) -> Completion:
+        self.counters.requests += 1
+        request = CompletionRequest(
+            step.prompt, step.max_new_tokens, temperature, 1.0, step.stop, seed, logprobs, priority, chat=True
+        )
+        return await self.backend.complete(request)
+
+    def counters_dict(self) -> dict:
+        return asdict(self.counters)

@@ -1,0 +1,126 @@
+"""What REBASE, ETS, rStar and REST-MCTS share: their config, their result, the source of expansions.
+
+A search algorithm (the consumer) gets its expansions from a ``ChildSource``: ``PlainSource`` runs
+each one when asked (the plain algorithm); SPEX's ``explore.Explorer`` may have run it already,
+speculatively. The algorithms are written once against this interface, so switching speculation off
+gives exactly the plain algorithm's tree. ``stop`` is an optional early-termination test over the
+answers found so far (SPEX's, in ``explore/termination.py``); the search layer only calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from spectot.search.expansion import PRIMARY, Child, ChildKey, Expander
+from spectot.search.rebase import AnswerGroup, weighted_vote
+from spectot.tasks.base import Problem, Task
+
+Algorithm = Literal["rebase", "ets", "rstar", "rest-mcts"]
+StopRule = Callable[[Sequence[AnswerGroup], int], bool]  # (vote groups, answers so far) -> stop now
+
+
+@dataclass(frozen=True)
+class TreeSearchConfig:
+    algorithm: Algorithm = "rebase"
+    budget: int = 8  # B: REBASE / ETS width per depth; MCTS: rollouts
+    temperature: float = 0.2  # T_b of REBASE's softmax
+    max_depth: int = 0  # 0: the task's depth (MCTS: at most 5, rStar's limit)
+    c: float = 2.0  # UCT exploration constant (rStar)
+    max_children: int = 3  # MCTS: children a node may get
+    rest_children: int = 3  # REST-MCTS: children each step expands (the best by process reward is kept)
+    lambda_kv: float = 1.0  # ETS: weight of the KV cost (retained nodes)
+    lambda_cov: float = 1.4  # ETS: weight of semantic coverage
+    cluster_threshold: float = 0.6  # ETS: cosine distance at which step texts fall in one cluster
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1, got {self.budget}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.max_depth < 0:
+            raise ValueError(f"max_depth must be >= 0 (0 = the task's depth), got {self.max_depth}")
+        if self.max_children < 1 or self.rest_children < 1:
+            raise ValueError("max_children and rest_children must be >= 1")
+
+
+@dataclass
+class TreeSearchResult:
+    problem: Problem
+    answer: str
+    groups: list[AnswerGroup]  # the weighted vote over the leaves, heaviest first
+    leaves: list[Child]  # final states, in the order they were found
+    expansions: list[Child] = field(default_factory=list)  # every expansion the search consumed
+    stopped_early: bool = False
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.problem.id,
+            "answer": self.answer,
+            "votes": [{"answer": g.answer, "weight": g.weight, "count": g.count} for g in self.groups],
+            "leaves": [{"state": list(c.state), "reward": c.reward, "answer": c.answer} for c in self.leaves],
+            "expansions": len(self.expansions),
+            "stopped_early": self.stopped_early,
+        }
+
+
+class ChildSource(Protocol):
+    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child: ...
+
+    async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]: ...
+
+    def retain(self, keep: Callable[[ChildKey], bool]) -> None: ...
+
+    def spare(self, wanted: int, depth: int = 1) -> int: ...
+
+    def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task: ...
+
+    def promote(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class PlainSource:
+    """Every expansion run when the search asks for it; nothing speculative."""
+
+    expander: Expander
+
+    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
+        return await self.expander.expand(key, priority)
+
+    async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]:
+        return list(await asyncio.gather(*(self.expand(k) for k in keys)))
+
+    def retain(self, keep: Callable[[ChildKey], bool]) -> None:
+        pass
+
+    def spare(self, wanted: int, depth: int = 1) -> int:
+        return 0
+
+    def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task:
+        return asyncio.create_task(work)
+
+    def promote(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def root_child() -> Child:
+    """The root as a node: the empty state, full reward (it is always kept)."""
+    return Child(ChildKey((), -1), (), "", 1.0, False, "", 0, 0.0)
+
+
+def vote(task: Task, leaves: Sequence[Child]) -> list[AnswerGroup]:
+    """Weighted majority vote over the leaves' answers (weights = rewards), grouped by the task's
+    answer equivalence (numbers for GSM8K, the MATH-500 grader's)."""
+    return weighted_vote([c.answer or None for c in leaves], [c.reward for c in leaves], task.same_answer)
+
+
+def result_of(task: Task, problem: Problem, leaves: list[Child], expansions: list[Child], stopped: bool):
+    groups = vote(task, leaves)
+    return TreeSearchResult(problem, groups[0].answer if groups else "", groups, leaves, expansions, stopped)

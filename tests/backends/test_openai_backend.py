@@ -1,0 +1,284 @@
+"""``OpenAIBackend`` over loopback against spectot's own server on a fake slow backend, and against tiny apps
+that fail on purpose: load balancing, retries (503, 429, connection refused) and none on 400, cancellation
+reaching the server, streaming, parameters and model discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Sequence
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from spectot.backends.base import Completion, CompletionRequest
+from spectot.backends.openai import OpenAIBackend, OpenAIBackendError, backoff_seconds
+from spectot.server.app import BackgroundServer, create_app
+
+
+class SlowBackend:
+    """A fake served model: each word of the prompt echoed back after ``delay`` seconds, each request recorded."""
+
+    name = "fake-model"
+    max_context = 64
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.requests: list[CompletionRequest] = []
+        self.live = 0
+        self.cancelled = 0
+        self.abandoned_streams = 0
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        return " ".join(m["content"] for m in messages)
+
+    def words(self, request: CompletionRequest) -> list[str]:
+        return request.prompt.split()[: request.max_tokens]
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.requests.append(request)
+        self.live += 1
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.live -= 1
+        words = self.words(request)
+        return Completion(
+            " ".join(words),
+            "length" if len(words) == request.max_tokens else "stop",
+            prompt_tokens=self.count_tokens(request.prompt),
+            completion_tokens=len(words),
+            logprobs=[-1.0] * len(words) if request.logprobs else [],
+        )
+
+    async def stream(self, request: CompletionRequest):
+        self.requests.append(request)
+        finished = False
+        try:
+            for k, word in enumerate(self.words(request)):
+                await asyncio.sleep(self.delay)
+                yield word if k == 0 else " " + word
+            finished = True
+        finally:
+            self.abandoned_streams += not finished
+
+    async def aclose(self) -> None:
+        pass
+
+
+def scripted_app(statuses: list[int], calls: list[int]) -> FastAPI:
+    """An app whose /v1/completions answers each call with the next status of ``statuses`` (the last one
+    repeats): an OpenAI error body for 4xx / 5xx, a one-choice completion for 200."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions() -> JSONResponse:
+        status = statuses[min(len(calls), len(statuses) - 1)]
+        calls.append(status)
+        if status != 200:
+            error = {"message": f"scripted failure {status}", "type": "server_error", "param": None, "code": None}
+            return JSONResponse({"error": error}, status_code=status, headers={"retry-after": "0"})
+        choice = {"index": 0, "text": "ok", "logprobs": None, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        body = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m", "choices": [choice]}
+        return JSONResponse({**body, "usage": usage})
+
+    return app
+
+
+async def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def quick(backend: OpenAIBackend) -> OpenAIBackend:
+    backend.backoff = 0.01  # retries in milliseconds, not seconds
+    return backend
+
+
+REQUEST = CompletionRequest("a b c d", max_tokens=3, temperature=0.0)
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    for attempt, ceiling in [(0, 0.5), (1, 1.0), (2, 2.0), (6, 8.0)]:
+        delays = [backoff_seconds(attempt, base=0.5, cap=8.0) for _ in range(200)]
+        assert all(0.0 <= d <= ceiling for d in delays)
+        assert max(delays) > ceiling / 2  # full jitter actually spreads up to the ceiling
+
+
+def test_urls_get_v1_and_the_model_is_discovered() -> None:
+    fake = SlowBackend()
+
+    async def scenario(url: str) -> None:
+        async with OpenAIBackend.from_urls([url], model=None, timeout=10, max_retries=0) as backend:
+            assert backend.urls == [url + "/v1"]
+            out = await backend.complete(REQUEST)
+            assert backend.name == "fake-model"
+            assert (out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("a b c", "length", 4, 3)
+            assert out.seconds > 0
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+
+
+def test_parameters_reach_the_served_backend() -> None:
+    fake = SlowBackend()
+    request = CompletionRequest("a b c d", 2, temperature=0.7, top_p=0.9, stop=("x", "y"), seed=11, logprobs=True)
+
+    async def scenario(url: str) -> None:
+        async with OpenAIBackend.from_urls([url], model="fake-model", timeout=10, max_retries=0) as backend:
+            out = await backend.complete(request)
+            assert out.logprobs == [-1.0, -1.0]
+            chat = await backend.complete(CompletionRequest("hi there", 5, seed=3, chat=True, logprobs=True))
+            assert (chat.text, chat.finish_reason, chat.logprobs) == ("hi there", "stop", [-1.0, -1.0])
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+    plain, chat = fake.requests
+    assert plain == CompletionRequest("a b c d", 2, 0.7, 0.9, ("x", "y"), 11, logprobs=True)
+    assert chat == CompletionRequest("hi there", 5, 0.0, 1.0, (), 3, logprobs=True, chat=True)
+
+
+def test_requests_spread_over_two_servers() -> None:
+    fakes = [SlowBackend(delay=0.3), SlowBackend(delay=0.3)]
+
+    async def scenario(urls: list[str]) -> None:
+        async with OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=0) as backend:
+            task = asyncio.gather(*[backend.complete(REQUEST) for _ in range(6)])
+            await wait_until(lambda: sum(f.live for f in fakes) == 6)
+            assert [f.live for f in fakes] == [3, 3]  # the fewest outstanding first
+            assert backend.outstanding() == [3, 3]
+            assert [o.text for o in await task] == ["a b c"] * 6
+            for fake in fakes:
+                fake.delay = 0.0
+            for _ in range(4):  # one at a time: every server ties at 0, so round-robin
+                await backend.complete(REQUEST)
+            assert backend.outstanding() == [0, 0]
+
+    with BackgroundServer(create_app(fakes[0])) as a, BackgroundServer(create_app(fakes[1])) as b:
+        asyncio.run(scenario([a.url, b.url]))
+    assert [len(f.requests) for f in fakes] == [5, 5]
+
+
+@pytest.mark.parametrize("status", [503, 429, 500])
+def test_a_transient_failure_is_retried(status) -> None:
+    calls: list[int] = []
+
+    async def scenario(url: str) -> Completion:
+        async with quick(OpenAIBackend.from_urls([url], model="m", timeout=10, max_retries=2)) as backend:
+            return await backend.complete(REQUEST)
+
+    with BackgroundServer(scripted_app([status, 200], calls)) as server:
+        out = asyncio.run(scenario(server.url))
+    assert out.text == "ok"
+    assert calls == [status, 200]
+
+
+def test_retries_give_up_with_the_last_error() -> None:
+    calls: list[int] = []
+
+    async def scenario(url: str) -> None:
+        async with quick(OpenAIBackend.from_urls([url], model="m", timeout=10, max_retries=2)) as backend:
+            with pytest.raises(OpenAIBackendError, match="failed after 3 attempts.*scripted failure 503") as err:
+                await backend.complete(REQUEST)
+            assert err.value.status == 503
+
+    with BackgroundServer(scripted_app([503], calls)) as server:
+        asyncio.run(scenario(server.url))
+    assert calls == [503, 503, 503]
+
+
+def test_a_bad_request_is_not_retried_and_its_message_surfaces() -> None:
+    calls: list[int] = []
+
+    async def scenario(url: str) -> None:
+        async with quick(OpenAIBackend.from_urls([url], model="m", timeout=10, max_retries=3)) as backend:
+            with pytest.raises(OpenAIBackendError, match="refused the request.*scripted failure 400") as err:
+                await backend.complete(REQUEST)
+            assert err.value.status == 400
+
+    with BackgroundServer(scripted_app([400, 200], calls)) as server:
+        asyncio.run(scenario(server.url))
+    assert calls == [400]
+
+
+def test_the_servers_own_validation_message_surfaces() -> None:
+    fake = SlowBackend()
+
+    async def scenario(url: str) -> None:
+        async with quick(OpenAIBackend.from_urls([url], model="fake-model", timeout=10, max_retries=3)) as backend:
+            with pytest.raises(OpenAIBackendError, match="maximum context length is 64 tokens"):
+                await backend.complete(CompletionRequest("a " * 60, max_tokens=8))
+        async with OpenAIBackend.from_urls([url], model="other", timeout=10, max_retries=3) as backend:
+            with pytest.raises(OpenAIBackendError, match="The model `other` does not exist") as err:
+                await backend.complete(REQUEST)
+            assert err.value.status == 404
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+    assert fake.requests == []
+
+
+def test_a_dead_server_is_skipped() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    fake = SlowBackend()
+
+    async def scenario(url: str) -> None:
+        async with quick(OpenAIBackend.from_urls([dead, url], model=None, timeout=10, max_retries=1)) as b:
+            assert await b.model() == "fake-model"  # asked of the server that answers
+            assert [(await b.complete(REQUEST)).text for _ in range(3)] == ["a b c"] * 3
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+    assert len(fake.requests) == 3
+
+
+def test_cancelling_the_task_cancels_the_servers_generation() -> None:
+    fake = SlowBackend(delay=30.0)
+
+    async def scenario(url: str) -> None:
+        async with OpenAIBackend.from_urls([url], model="fake-model", timeout=60, max_retries=0) as backend:
+            task = asyncio.create_task(backend.complete(REQUEST))
+            await wait_until(lambda: fake.live == 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await wait_until(lambda: fake.cancelled == 1)  # the server saw the connection close
+            assert backend.outstanding() == [0]
+            fake.delay = 0.0
+            assert (await backend.complete(REQUEST)).text == "a b c"  # and the backend still works
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+
+
+def test_stream_pieces_and_closing_a_stream_early() -> None:
+    fake = SlowBackend()
+
+    async def scenario(url: str) -> None:
+        async with OpenAIBackend.from_urls([url], model="fake-model", timeout=60, max_retries=0) as backend:
+            assert [p async for p in backend.stream(REQUEST)] == ["a", " b", " c"]
+            chat = CompletionRequest("x y", max_tokens=4, chat=True)
+            assert "".join([p async for p in backend.stream(chat)]) == "x y"
+            fake.delay = 0.3
+            pieces = backend.stream(CompletionRequest("a b c d e f g h", max_tokens=8))
+            assert await anext(pieces) == "a"
+            await pieces.aclose()
+            await wait_until(lambda: fake.abandoned_streams == 1)
+            assert backend.outstanding() == [0]
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+    assert fake.requests[1].chat

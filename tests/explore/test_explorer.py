@@ -1,0 +1,175 @@
+"""SPEX's explorer on a scripted backend with random latencies.
+
+- speculation off is the plain algorithm: the same expansions, leaves and answer as ``PlainSource``;
+- REBASE / ETS decisions depend only on the children's results, so speculation on gives the very same
+  tree — only faster;
+- no expansion is lost or run twice for the search, primary requests always go at priority 0,
+  speculative work never exceeds the budget, and cancellation releases every unit of budget;
+- MCTS with speculation folds exactly ``budget`` rollouts and counts its hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections import Counter
+
+import pytest
+
+from spectot.backends.base import Completion, CompletionRequest
+from spectot.explore.explorer import Explorer, SharedBudget
+from spectot.explore.queries import ExploreConfig, run_queries
+from spectot.explore.termination import settled
+from spectot.search.bfs import reward_balanced_search
+from spectot.search.expansion import Expander
+from spectot.search.mcts import mcts_search
+from spectot.search.tree_search import PlainSource, TreeSearchConfig
+from spectot.tasks.base import Problem, StepRequest, Task
+
+
+class ToyTask(Task):
+    """Steps are words; a state is final at depth 3 or when a step says "answer N"."""
+
+    name, depth, value_range = "toy", 3, (0.0, 9.0)
+
+    def thought(self, problem, state):
+        return StepRequest("think|" + "|".join(state), (), 8)
+
+    def parse_thought(self, problem, state, text):
+        return text
+
+    def value(self, problem, state):
+        return StepRequest("value|" + "|".join(state), (), 2)
+
+    def parse_value(self, text):
+        return float(text)
+
+    def is_final(self, problem, state):
+        return len(state) >= self.depth or state[-1].startswith("answer")
+
+    def final_answer(self, problem, state):
+        return state[-1].split()[-1] if state[-1].startswith("answer") else ""
+
+    def grade(self, problem, answer):
+        return float(answer == problem.answer)
+
+
+def _digest(*parts) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=4).digest(), "little")
+
+
+class ScriptedBackend:
+    """Text is a pure function of (prompt, seed); latency is random (seeded by the test)."""
+
+    name = "scripted"
+
+    def __init__(self, seed: int = 0, max_latency: float = 0.01) -> None:
+        self.rng, self.max_latency = random.Random(seed), max_latency
+        self.log: list[CompletionRequest] = []
+        self.cancelled = 0
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.log.append(request)
+        try:
+            await asyncio.sleep(self.rng.random() * self.max_latency)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        h = _digest(request.prompt, request.seed)
+        if request.prompt.startswith("value"):
+            text = str(h % 10)
+        else:
+            text = f"answer {h % 3}" if h % 4 == 0 else f"w{h % 97}"
+        return Completion(text, "stop", 4, 2)
+
+    async def aclose(self) -> None:
+        pass
+
+
+PROBLEM = Problem("p0", "toy", "1")
+
+
+def run(search, source_of, config, stop=None, seed=0):
+    backend = ScriptedBackend(seed)
+
+    async def main():
+        expander = Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=7)
+        source = source_of(expander)
+        try:
+            return await search(ToyTask(), PROBLEM, source, config, stop), source, backend
+        finally:
+            await source.close()
+
+    return asyncio.run(main())
+
+
+def shape(result):
+    return [c.key for c in result.expansions], [c.state for c in result.leaves], result.answer
+
+
+@pytest.mark.parametrize("algorithm", ["rebase", "ets"])
+@pytest.mark.parametrize("latency_seed", [0, 1, 2])
+def test_bfs_tree_is_the_same_with_and_without_speculation(algorithm, latency_seed) -> None:
+    config = TreeSearchConfig(algorithm, budget=6)
+    plain, _, _ = run(reward_balanced_search, PlainSource, config, seed=latency_seed)
+    off, _, _ = run(reward_balanced_search, lambda e: Explorer(e, None), config, seed=latency_seed)
+    budget = SharedBudget(k_total=4)
+    on, explorer, backend = run(reward_balanced_search, lambda e: Explorer(e, budget, lookahead=2), config, seed=latency_seed)
+    assert shape(plain) == shape(off) == shape(on)
+    # every thought the search consumed was generated once; speculative requests never exceeded the budget
+    thoughts = Counter((r.prompt, r.seed) for r in backend.log if r.prompt.startswith("think"))
+    assert max(thoughts.values()) == 1
+    assert all(r.priority == 0 for r in backend.log if (r.prompt, r.seed) in _primary(plain, backend))
+    assert explorer.counters.speculated > 0 and explorer.counters.budget_peak <= 4
+    assert budget.in_flight.get(0, 0) == 0  # cancelled and finished speculation gave its budget back
+
+
+def _primary(plain, backend):
+    """(prompt, seed) of the thought requests the plain search needed."""
+    wanted = {"think|" + "|".join(c.key.parent) for c in plain.expansions}
+    return {(r.prompt, r.seed) for r in backend.log if r.prompt in wanted and r.priority == 0}
+
+
+@pytest.mark.parametrize("algorithm", ["rstar", "rest-mcts"])
+def test_mcts_without_speculation_is_the_plain_algorithm(algorithm) -> None:
+    config = TreeSearchConfig(algorithm, budget=6, max_children=3, rest_children=2)
+    plain, _, _ = run(mcts_search, PlainSource, config)
+    off, _, _ = run(mcts_search, lambda e: Explorer(e, None), config)
+    assert shape(plain) == shape(off)
+    assert 1 <= len(plain.leaves) <= 6  # a re-selected terminal node backs its reward up again, no new leaf
+
+
+@pytest.mark.parametrize("algorithm", ["rstar", "rest-mcts"])
+def test_mcts_speculation_folds_every_rollout_and_releases_budget(algorithm) -> None:
+    config = TreeSearchConfig(algorithm, budget=8, max_children=4, rest_children=2)
+    budget = SharedBudget(k_total=3)
+    result, explorer, backend = run(mcts_search, lambda e: Explorer(e, budget), config)
+    assert 1 <= len(result.leaves) <= 8
+    assert explorer.counters.speculated > 0
+    assert explorer.counters.budget_peak <= 3
+    assert budget.in_flight.get(0, 0) == 0
+    assert result.answer in {"0", "1", "2", ""}
+
+
+def test_early_stop_ends_the_search_once_the_vote_is_settled() -> None:
+    config = TreeSearchConfig("rstar", budget=30, max_children=3)
+    full, _, _ = run(mcts_search, PlainSource, config)
+    short, _, _ = run(mcts_search, PlainSource, config, stop=lambda groups, n: settled(groups, n, 3, 0.5))
+    assert short.stopped_early and len(short.leaves) < len(full.leaves)
+
+
+def test_queries_share_the_budget_and_every_query_finishes() -> None:
+    problems = [Problem(f"p{i}", "toy", "1") for i in range(6)]
+    explore = ExploreConfig("spex", k_total=4)
+
+    async def main():
+        backend = ScriptedBackend(3)
+        records = [
+            r async for r in run_queries(ToyTask(), problems, backend, TreeSearchConfig(budget=4), explore, in_flight=3)
+        ]
+        return records
+
+    records = asyncio.run(main())
+    assert sorted(r.id for r in records) == [p.id for p in problems]
+    assert all(r.spec["budget_peak"] <= 4 for r in records)

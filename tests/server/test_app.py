@@ -1,0 +1,561 @@
+"""The OpenAI-compatible server: request validation and error bodies, the streaming format and n > 1 over a
+fake backend; then end to end over loopback on a tiny random Llama behind ``LocalEngineBackend`` with the
+official ``openai`` client (greedy text == the Pipeline's, ``OpenAIBackend`` agrees, cancellation is harmless),
+and a stress test of 16 concurrent clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from spectot.backends.base import Completion, CompletionRequest
+from spectot.server.app import BackgroundServer, create_app
+
+
+class FakeBackend:
+    """Tokenizer-free and deterministic: a token is a word; request (prompt, seed, max_tokens) completes to
+    the words 's{seed}t0 s{seed}t1 ...', at most ``natural_length`` of them ("stop" when it ends early)."""
+
+    name = "fake-model"
+    max_context = 32
+    natural_length = 5
+
+    def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
+        self.delay = delay  # seconds per completion / per streamed word
+        self.fail = fail
+        self.requests: list[CompletionRequest] = []
+        self.live = 0
+        self.max_live = 0
+        self.cancelled = 0  # completions whose task was cancelled
+        self.abandoned_streams = 0  # streams closed before their last word
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def render_chat(self, messages: Sequence[dict]) -> str:
+        return " ".join(f"[{m['role']}] {m['content']}" for m in messages) + " [assistant]"
+
+    def words(self, request: CompletionRequest) -> list[str]:
+        return [f"s{request.seed}t{k}" for k in range(min(request.max_tokens, self.natural_length))]
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.requests.append(request)
+        self.live += 1
+        self.max_live = max(self.max_live, self.live)
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.live -= 1
+        if self.fail:
+            raise RuntimeError("the engine fell over")
+        words = self.words(request)
+        return Completion(
+            text=" ".join(words),
+            finish_reason="length" if len(words) == request.max_tokens else "stop",
+            prompt_tokens=self.count_tokens(request.prompt),
+            completion_tokens=len(words),
+            logprobs=[-0.5] * len(words) if request.logprobs else [],
+        )
+
+    async def stream(self, request: CompletionRequest):
+        self.requests.append(request)
+        words = self.words(request)
+        finished = False
+        try:
+            for k, word in enumerate(words):
+                await asyncio.sleep(self.delay)
+                if self.fail:
+                    raise RuntimeError("the engine fell over")
+                yield word if k == 0 else " " + word
+            finished = True
+        finally:
+            self.abandoned_streams += not finished
+
+    async def aclose(self) -> None:
+        pass
+
+
+class TemplatelessBackend(FakeBackend):
+    """A backend that cannot render a conversation (no ``render_chat``), like ``OpenAIBackend``."""
+
+    render_chat = None  # type: ignore[assignment]
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def client(fake) -> TestClient:
+    return TestClient(create_app(fake))
+
+
+def sse_events(lines: Sequence[str]) -> list[dict]:
+    """The JSON events of a server-sent-event stream, checking its framing and the final [DONE]."""
+    data = [line for line in lines if line]
+    assert all(line.startswith("data: ") for line in data), data
+    assert data[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: ") :]) for line in data[:-1]]
+
+
+def stream_lines(client: TestClient, path: str, body: dict) -> list[str]:
+    with client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return list(response.iter_lines())
+
+
+# -- plain requests ----------------------------------------------------------------------------------------------
+def test_models_lists_the_backend(client) -> None:
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["fake-model"]
+    assert body["data"][0]["max_model_len"] == 32
+
+
+def test_completion_fields_and_usage(client, fake) -> None:
+    response = client.post(
+        "/v1/completions", json={"model": "fake-model", "prompt": "a b c", "max_tokens": 3, "seed": 4}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == "fake-model"
+    assert body["choices"] == [{"index": 0, "text": "s4t0 s4t1 s4t2", "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    (request,) = fake.requests
+    assert (request.prompt, request.max_tokens, request.seed, request.chat) == ("a b c", 3, 4, False)
+    assert (request.temperature, request.top_p, request.stop) == (1.0, 1.0, ())
+
+
+def test_sampling_parameters_reach_the_backend(client, fake) -> None:
+    body = {"prompt": "a", "max_tokens": 9, "temperature": 0, "top_p": 0.5, "stop": ["x", "y"], "seed": 1}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    client.post("/v1/completions", json={"prompt": "a", "stop": "z"})
+    first, second = fake.requests
+    assert (first.max_tokens, first.temperature, first.top_p, first.stop, first.seed) == (9, 0.0, 0.5, ("x", "y"), 1)
+    assert second.stop == ("z",)
+    assert second.seed is None
+    assert second.max_tokens == 31  # no max_tokens: the rest of the 32-token context
+
+
+def test_n_choices_get_consecutive_seeds(client) -> None:
+    body = client.post("/v1/completions", json={"prompt": "a b", "n": 3, "seed": 7, "max_tokens": 2}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in body["choices"]] == ["s7t0 s7t1", "s8t0 s8t1", "s9t0 s9t1"]
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}  # the prompt once
+
+
+def test_a_batch_of_prompts_times_n(client, fake) -> None:
+    body = client.post("/v1/completions", json={"prompt": ["a b", "c"], "n": 2, "seed": 0, "max_tokens": 1}).json()
+    assert [c["text"] for c in body["choices"]] == ["s0t0", "s1t0", "s0t0", "s1t0"]
+    assert [r.prompt for r in fake.requests] == ["a b", "a b", "c", "c"]
+    assert body["usage"]["prompt_tokens"] == 3
+
+
+def test_choices_run_concurrently() -> None:
+    fake = FakeBackend(delay=0.2)
+    body = TestClient(create_app(fake)).post("/v1/completions", json={"prompt": "a", "n": 4}).json()
+    assert len(body["choices"]) == 4
+    assert fake.max_live == 4
+
+
+def test_logprobs(client) -> None:
+    body = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "logprobs": 1}).json()
+    assert body["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.5]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True}
+    body = client.post("/v1/chat/completions", json=chat).json()
+    assert [t["logprob"] for t in body["choices"][0]["logprobs"]["content"]] == [-0.5] * 3
+
+
+def test_chat_completion(client, fake) -> None:
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 2, "seed": 3}
+    body = client.post("/v1/chat/completions", json=chat).json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "s3t0 s3t1"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
+    assert fake.requests[-1].chat and fake.requests[-1].prompt == "hi there"  # the backend applies its template
+
+
+def test_a_conversation_is_rendered_with_the_chat_template(client, fake) -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+    ]
+    body = client.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 2}).json()
+    assert body["usage"]["completion_tokens"] == 2
+    (request,) = fake.requests
+    assert not request.chat
+    assert request.prompt == "[system] be brief [user] hi there [assistant]"
+    assert request.max_tokens == 2
+
+
+def test_backend_without_a_chat_template_takes_one_user_message() -> None:
+    client = TestClient(create_app(TemplatelessBackend()))
+    one = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert client.post("/v1/chat/completions", json=one).status_code == 200
+    two = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]}
+    response = client.post("/v1/chat/completions", json=two)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages"
+    assert "single user message" in response.json()["error"]["message"]
+
+
+# -- bad requests ------------------------------------------------------------------------------------------------
+USER = [{"role": "user", "content": "hi"}]
+LONG = " ".join(["w"] * 30)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "message"),
+    [
+        ("completions", {"max_tokens": 3}, 400, "prompt", "Field required"),
+        ("completions", {"prompt": 5}, 400, "prompt", "valid string"),
+        ("completions", {"prompt": "a", "max_tokens": "ten"}, 400, "max_tokens", "valid integer"),
+        ("completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+        ("completions", {"prompt": "a", "temperature": -1}, 400, "temperature", "greater than or equal to 0"),
+        ("completions", {"prompt": "a", "top_p": 0}, 400, "top_p", "greater than 0"),
+        ("completions", {"prompt": "a", "n": 0}, 400, "n", "greater than or equal to 1"),
+        ("completions", {"prompt": "a", "stop": [1]}, 400, "stop", "valid string"),
+        ("completions", {"prompt": "a", "model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
+        ("completions", {"prompt": LONG, "max_tokens": 8}, 400, "prompt", "maximum context length is 32 tokens"),
+        ("completions", {"prompt": LONG + " " + LONG}, 400, "prompt", "maximum context length is 32 tokens"),
+        ("completions", {"prompt": "a", "best_of": 2}, 400, "best_of", "best_of > 1 is not supported"),
+        ("completions", {"prompt": "a", "echo": True}, 400, "echo", "echo is not supported"),
+        ("completions", {"prompt": "a", "suffix": "z"}, 400, "suffix", "suffix is not supported"),
+        ("completions", {"prompt": "a", "logprobs": 3}, 400, "logprobs", "logprobs > 1 is not supported"),
+        ("completions", {"prompt": "a", "logprobs": 1, "stream": True}, 400, "logprobs", "when streaming"),
+        ("completions", {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
+        ("chat/completions", {"messages": []}, 400, "messages", "at least 1 item"),
+        ("chat/completions", {"prompt": "hi"}, 400, "messages", "Field required"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "messages",
+            "messages.0.role: Input should be 'system'",
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            400,
+            "messages",
+            "messages.0.content",
+        ),
+        ("chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+        ("chat/completions", {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs", "not supported"),
+        ("chat/completions", {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", ">= 1"),
+        ("chat/completions", {"messages": USER, "model": "x"}, 404, "model", "does not exist"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": LONG}], "max_tokens": 8},
+            400,
+            "messages",
+            "maximum context length",
+        ),
+    ],
+)
+def test_bad_requests_get_openai_error_bodies(client, fake, path, body, status, param, message) -> None:
+    response = client.post(f"/v1/{path}", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert message.replace(">= 1", "greater than or equal to 1") in error["message"]
+    assert fake.requests == []  # nothing reached the backend
+
+
+def test_context_and_unsupported_errors_have_codes(client) -> None:
+    error = client.post("/v1/completions", json={"prompt": LONG, "max_tokens": 8}).json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "38 tokens (30 in the prompt, 8 in the completion)" in error["message"]
+    assert client.post("/v1/completions", json={"prompt": "a", "model": "m"}).json()["error"]["code"] == (
+        "model_not_found"
+    )
+    assert client.post("/v1/completions", json={"prompt": "a", "echo": True}).json()["error"]["code"] == (
+        "unsupported_parameter"
+    )
+
+
+def test_malformed_json_and_unknown_routes(client) -> None:
+    response = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    response = client.post("/v1/edits", json={})
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "Not Found"
+
+
+def test_backend_failure_is_a_500_with_an_error_body() -> None:
+    client = TestClient(create_app(FakeBackend(fail=True)))
+    response = client.post("/v1/completions", json={"prompt": "a"})
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+    assert "the engine fell over" in response.json()["error"]["message"]
+    events = sse_events(stream_lines(client, "/v1/completions", {"prompt": "a", "stream": True}))
+    assert "the engine fell over" in events[-1]["error"]["message"]
+
+
+# -- streaming ---------------------------------------------------------------------------------------------------
+def test_streamed_completion_format(client) -> None:
+    body = {"prompt": "a b", "max_tokens": 3, "seed": 2, "stream": True, "stream_options": {"include_usage": True}}
+    events = sse_events(stream_lines(client, "/v1/completions", body))
+    assert len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("cmpl-")
+    assert all(e["object"] == "text_completion" and e["model"] == "fake-model" for e in events)
+    pieces = [e["choices"][0] for e in events if e["choices"]]
+    assert "".join(p["text"] for p in pieces) == "s2t0 s2t1 s2t2"
+    assert [p["finish_reason"] for p in pieces] == [None, None, None, "length"]
+    assert events[-1]["choices"] == []
+    assert events[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+
+
+def test_streamed_chat_format(client) -> None:
+    body = {"messages": USER, "max_tokens": 10, "seed": 0, "stream": True}
+    events = sse_events(stream_lines(client, "/v1/chat/completions", body))
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert events[0]["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    ]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "s0t0 s0t1 s0t2 s0t3 s0t4"
+    assert events[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+
+
+def test_streamed_n_choices(client) -> None:
+    body = {"prompt": "a", "n": 2, "seed": 5, "max_tokens": 2, "stream": True}
+    events = sse_events(stream_lines(client, "/v1/completions", body))
+    texts, endings = ["", ""], [None, None]
+    for event in events:
+        (choice,) = event["choices"]
+        assert endings[choice["index"]] is None  # nothing after a choice's last chunk
+        texts[choice["index"]] += choice["text"]
+        endings[choice["index"]] = choice["finish_reason"]
+    assert texts == ["s5t0 s5t1", "s6t0 s6t1"]
+    assert endings == ["length", "length"]
+
+
+# -- client disconnects, over loopback ---------------------------------------------------------------------------
+async def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_a_disconnect_cancels_the_generation() -> None:
+    fake = FakeBackend(delay=30.0)
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            call = asyncio.create_task(http.post("/v1/completions", json={"prompt": "a", "n": 2}))
+            await wait_until(lambda: fake.live == 2)
+            call.cancel()
+            await wait_until(lambda: fake.cancelled == 2)
+            fake.delay = 0.5
+            async with http.stream("POST", "/v1/completions", json={"prompt": "a", "stream": True}) as response:
+                async for line in response.aiter_lines():
+                    assert line.startswith("data: ")
+                    break
+            await wait_until(lambda: fake.abandoned_streams == 1)
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario(server.url))
+    assert fake.live == 0
+
+
+# -- end to end on a tiny model ----------------------------------------------------------------------------------
+WORDS = ["<unk>", "<s>", "</s>", "<eot>", "system", "user", "assistant"] + [f"w{i}" for i in range(57)]  # 64
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+PROMPTS = ["w1 w2 w3", "w5 w6 w7 w8 w5 w6"]
+MAX_TOKENS = 12
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama):
+    """(server, reference texts): greedy ``Pipeline`` outputs for PROMPTS, raw and as one user message, and a
+    running server over ``LocalEngineBackend`` on the same weights."""
+    try:
+        from spectot.backends.local import LocalEngineBackend
+    except ImportError as exc:
+        pytest.skip(f"spectot.backends.local does not import yet: {exc}")
+    from spectot.models.loader import LoadedModel
+    from spectot.pipeline import Pipeline
+
+    loaded = LoadedModel(tiny_llama(0), word_tokenizer(), name="tiny-llama", max_context=256, eos_token_ids=(3,))
+    reference = {}
+    for chat in (False, True):
+        generations = Pipeline(loaded, chat_template=chat).generate(PROMPTS, max_new_tokens=MAX_TOKENS, method="ar")
+        reference[chat] = {p: g for p, g in zip(PROMPTS, generations)}
+    backend = LocalEngineBackend.from_pipeline(Pipeline(loaded))
+    with BackgroundServer(create_app(backend)) as server:
+        yield server, reference
+    asyncio.run(backend.aclose())
+
+
+def finish(generation) -> str:
+    return "length" if generation.finish_reason == "length" else "stop"
+
+
+def test_e2e_greedy_completions_equal_the_pipeline(tiny) -> None:
+    server, reference = tiny
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    for prompt in PROMPTS:
+        ref = reference[False][prompt]
+        out = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        assert out.choices[0].text == ref.text
+        assert out.choices[0].finish_reason == finish(ref)
+        assert out.usage.prompt_tokens == len(ref.prompt_ids)
+        assert out.usage.completion_tokens == len(ref.token_ids)
+        chunks = client.completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        chunks = list(chunks)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
+        assert chunks[-1].choices[0].finish_reason == finish(ref)
+
+
+def test_e2e_greedy_chat_equals_the_pipeline(tiny) -> None:
+    server, reference = tiny
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", max_retries=0)
+    for prompt in PROMPTS:
+        ref = reference[True][prompt]
+        messages = [{"role": "user", "content": prompt}]
+        out = client.chat.completions.create(
+            model="tiny-llama", messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
+        assert out.choices[0].message.content == ref.text
+        assert out.usage.prompt_tokens == len(ref.prompt_ids)
+        chunks = client.chat.completions.create(
+            model="tiny-llama", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+
+
+def test_e2e_openai_backend_agrees_and_cancellation_is_harmless(tiny) -> None:
+    from spectot.backends.openai import OpenAIBackend
+
+    server, reference = tiny
+    prompt = PROMPTS[0]
+
+    async def scenario() -> None:
+        async with OpenAIBackend.from_urls([server.url], model=None, timeout=60, max_retries=0) as backend:
+            greedy = CompletionRequest(prompt, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True)
+            out = await backend.complete(greedy)
+            assert backend.name == "tiny-llama"
+            assert out.text == reference[False][prompt].text
+            assert len(out.logprobs) == out.completion_tokens == len(reference[False][prompt].token_ids)
+            assert out.seconds > 0
+            chat = await backend.complete(CompletionRequest(prompt, max_tokens=MAX_TOKENS, temperature=0.0, chat=True))
+            assert chat.text == reference[True][prompt].text
+            assert "".join([p async for p in backend.stream(greedy)]) == reference[False][prompt].text
+
+            # Abandon a long request mid-flight and a stream after its first piece, then ask again.
+            long = CompletionRequest(prompt, max_tokens=200, temperature=1.0, seed=1)
+            task = asyncio.create_task(backend.complete(long))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            pieces = backend.stream(long)
+            await anext(pieces)
+            await pieces.aclose()
+            again = await asyncio.gather(*[backend.complete(greedy) for _ in range(3)])
+            assert [o.text for o in again] == [reference[False][prompt].text] * 3
+            assert backend.outstanding() == [0]
+
+    asyncio.run(scenario())
+
+
+# -- stress --------------------------------------------------------------------------------------------------
+def stress_seconds(default: float = 60.0) -> float:
+    return float(os.environ.get("SPECTOT_STRESS_SECONDS", default))
+
+
+async def stress(
+    url: str, model: str, reference: dict[tuple[bool, str], str], seconds: float | None = None, clients: int = 16
+) -> dict[str, list[int]]:
+    """``clients`` concurrent clients, each sending requests back to back for ``seconds`` (default: the env
+    SPECTOT_STRESS_SECONDS, else 60): every answer must carry the expected fields, and greedy ones must match
+    ``reference`` ((chat, prompt) -> text). Returns the requests sent and answered, per client."""
+    seconds = stress_seconds() if seconds is None else seconds
+    deadline = time.monotonic() + seconds
+    sent = [0] * clients
+    answered = [0] * clients
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+
+    async def one_client(k: int) -> None:
+        rng = random.Random(k)
+        while time.monotonic() < deadline:
+            prompt = rng.choice(PROMPTS)
+            greedy = rng.random() < 0.5
+            kind = rng.choice(["completion", "stream", "chat"])
+            params = {"model": model, "max_tokens": MAX_TOKENS if greedy else rng.randint(1, 16)}
+            params |= {"temperature": 0.0} if greedy else {"temperature": 1.0, "seed": rng.randrange(1000)}
+            sent[k] += 1
+            if kind == "completion":
+                out = await client.completions.create(prompt=prompt, **params)
+                assert out.object == "text_completion" and out.id and len(out.choices) == 1
+                assert out.choices[0].finish_reason in ("stop", "length")
+                assert 0 <= out.usage.completion_tokens <= params["max_tokens"]
+                text = out.choices[0].text
+            elif kind == "stream":
+                chunks = await client.completions.create(prompt=prompt, stream=True, **params)
+                events = [c async for c in chunks]
+                assert events and events[-1].choices[0].finish_reason in ("stop", "length")
+                text = "".join(c.choices[0].text for c in events)
+            else:
+                messages = [{"role": "user", "content": prompt}]
+                out = await client.chat.completions.create(messages=messages, **params)
+                assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
+                text = out.choices[0].message.content
+            assert isinstance(text, str)
+            if greedy:
+                assert text == reference[kind == "chat", prompt], (kind, prompt)
+            answered[k] += 1
+
+    try:
+        await asyncio.gather(*[one_client(k) for k in range(clients)])
+    finally:
+        await client.close()
+    return {"sent": sent, "answered": answered}
+
+
+@pytest.mark.stress
+def test_stress_concurrent_clients(tiny) -> None:
+    server, reference = tiny
+    texts = {(chat, p): g.text for chat in (False, True) for p, g in reference[chat].items()}
+    seconds = stress_seconds(default=5.0)
+    counts = asyncio.run(stress(server.url, "tiny-llama", texts, seconds=seconds))
+    assert counts["answered"] == counts["sent"]
+    assert all(n > 0 for n in counts["answered"]), counts
