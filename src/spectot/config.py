@@ -349,11 +349,18 @@ class BenchDraftsOptions:
 
 TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
 EngineName = Literal["ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched"]
+SearchName = Literal["tot-bfs", "rebase", "ets", "rstar", "rest-mcts"]
 
 
 @dataclass(frozen=True)
 class SearchOptions:
-    search: Literal["tot-bfs"] = field(default="tot-bfs", **opt("search algorithm: tot-bfs (Tree-of-Thoughts BFS)"))
+    search: SearchName = field(
+        default="tot-bfs",
+        **opt(
+            "search algorithm: tot-bfs (Tree-of-Thoughts BFS, level engines), rebase / ets (reward-balanced BFS), "
+            "rstar / rest-mcts (MCTS); the last four run over an async backend (--backend)"
+        ),
+    )
     breadth: int = field(default=1, **opt("b: states kept per level"))
     thoughts: int = field(default=3, **opt("n: thoughts generated per state"))
     generation: Literal["sample", "propose"] = field(
@@ -405,6 +412,76 @@ class SolveOptions:
     def __post_init__(self) -> None:
         if self.limit < 0 or self.offset < 0:
             raise ValueError("--limit and --offset must be >= 0")
+
+
+@dataclass(frozen=True)
+class TreeSearchOptions:
+    """REBASE / ETS / rStar / REST-MCTS and SPEX (used when --search is not tot-bfs)."""
+
+    budget: int = field(default=4, **opt("REBASE / ETS: width B per depth; MCTS: rollouts"))
+    balance_temperature: float = field(default=0.2, **opt("T_b of REBASE's softmax over rewards"))
+    max_children: int = field(default=3, **opt("MCTS: children a node may get"))
+    rest_children: int = field(default=2, **opt("REST-MCTS: children each step expands (the best is kept)"))
+    lambda_kv: float = field(default=1.0, **opt("ETS: weight of the KV cost of retained nodes"))
+    lambda_cov: float = field(default=1.4, **opt("ETS: weight of semantic coverage"))
+    reward: Literal["self_eval", "logprob"] = field(
+        default="self_eval", **opt("reward of a new state: the task's self-evaluation prompt, or exp(mean logprob)")
+    )
+    explore: Literal["none", "spex"] = field(default="none", **opt("SPEX speculative exploration on or off"))
+    k_total: int = field(default=8, **opt("SPEX: speculative expansions in flight over all queries"))
+    lookahead: int = field(default=2, **opt("SPEX BFS: layers expanded ahead"))
+    early_stop: bool = field(default=False, **opt("stop a query once the weighted vote is settled (SPEX)"))
+    min_answers: int = field(default=4, **opt("early stop: answers needed first (t)"))
+    alpha: float = field(default=0.5, **opt("early stop: margin alpha in conf1 - conf2 > alpha avg(w2)"))
+    queries_in_flight: int = field(default=1, **opt("queries searched concurrently (their requests share forwards)"))
+
+    def __post_init__(self) -> None:
+        if min(self.budget, self.max_children, self.rest_children, self.queries_in_flight, self.min_answers) < 1:
+            raise ValueError("--budget, --max-children, --rest-children, --queries-in-flight, --min-answers: >= 1")
+        if self.k_total < 0 or self.lookahead < 0 or self.balance_temperature <= 0:
+            raise ValueError("--k-total and --lookahead must be >= 0, --balance-temperature > 0")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    backend: Literal["local", "openai"] = field(
+        default="local", **opt("local: spectot's engine in-process; openai: OpenAI-compatible servers (--base-url)")
+    )
+    base_url: tuple[str, ...] = field(
+        default=(),
+        **opt("an OpenAI-compatible server, e.g. http://host:8000/v1 (repeat to load-balance)", action="append"),
+    )
+    served_model: str = field(default="", **opt("model name on the servers (empty = the first in /v1/models)"))
+    timeout: float = field(default=120.0, **opt("seconds per HTTP request"))
+    retries: int = field(default=3, **opt("retries with backoff on connection errors, 429 and 5xx"))
+    method: Literal["ar", "sd"] = field(default="ar", **opt("local engine: plain decoding or speculative (--draft)"))
+    max_streams: int = field(default=64, **opt("local engine: most requests decoded together"))
+
+    def __post_init__(self) -> None:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("--backend openai needs at least one --base-url (e.g. http://localhost:8000/v1)")
+        if self.max_streams < 1 or self.retries < 0 or self.timeout <= 0:
+            raise ValueError("--max-streams must be >= 1, --retries >= 0, --timeout > 0")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = field(default="127.0.0.1", **opt("address to listen on"))
+    port: int = field(default=8000, **opt("port to listen on"))
+    method: Literal["ar", "sd"] = field(default="ar", **opt("plain decoding or speculative (needs --draft)"))
+    max_streams: int = field(default=64, **opt("most requests decoded together"))
+
+
+@dataclass(frozen=True)
+class BenchSpexOptions:
+    gsm8k: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K test jsonl ('' = skip)"))
+    math500: str = field(default="../shared/data/math500/test.jsonl", **opt("MATH-500 jsonl ('' = skip)"))
+    problems: int = field(default=40, **opt("questions per task"))
+    searches: str = field(default="rebase,rstar", **opt("comma-separated searches"))
+    in_flight: str = field(default="1,4,8", **opt("comma-separated queries in flight"))
+    variants: str = field(default="plain,spex,sd,spex+sd", **opt("comma-separated: plain, spex, sd, spex+sd"))
+    remote: bool = field(default=True, **opt("also run once through `spectot serve` + the OpenAI backend"))
+    out: str = field(default="runs/bench_spex", **opt("output folder (JSON, Markdown, records for resuming)"))
 
 
 @dataclass(frozen=True)

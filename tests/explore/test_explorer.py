@@ -115,7 +115,9 @@ def test_bfs_tree_is_the_same_with_and_without_speculation(algorithm, latency_se
     plain, _, _ = run(reward_balanced_search, PlainSource, config, seed=latency_seed)
     off, _, _ = run(reward_balanced_search, lambda e: Explorer(e, None), config, seed=latency_seed)
     budget = SharedBudget(k_total=4)
-    on, explorer, backend = run(reward_balanced_search, lambda e: Explorer(e, budget, lookahead=2), config, seed=latency_seed)
+    on, explorer, backend = run(
+        reward_balanced_search, lambda e: Explorer(e, budget, lookahead=2), config, seed=latency_seed
+    )
     assert shape(plain) == shape(off) == shape(on)
     # every thought the search consumed was generated once; speculative requests never exceeded the budget
     thoughts = Counter((r.prompt, r.seed) for r in backend.log if r.prompt.startswith("think"))

@@ -94,7 +94,9 @@ class LocalEngineBackend:
     def encode(self, request: CompletionRequest) -> list[int]:
         if request.chat:
             return self.render_ids([{"role": "user", "content": request.prompt}])
-        return list(self.tokenizer(request.prompt)["input_ids"])
+        bos = self.tokenizer.bos_token
+        rendered = bos is not None and request.prompt.startswith(bos)  # a rendered chat carries its own BOS
+        return list(self.tokenizer(request.prompt, add_special_tokens=not rendered)["input_ids"])
 
     def render_ids(self, messages: Sequence[dict]) -> list[int]:
         if self.tokenizer.chat_template is None:  # a base model: the messages' text, one per line
@@ -141,5 +143,3 @@ class LocalEngineBackend:
 
 def _has_stop(text: str, stop: Sequence[str]) -> bool:
     return any(s in text for s in stop)
-
-

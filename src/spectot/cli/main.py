@@ -10,6 +10,10 @@ from pathlib import Path
 
 from spectot.cli.flags import add_flags, from_flags
 from spectot.config import (
+    BackendOptions,
+    BenchSpexOptions,
+    ServeOptions,
+    TreeSearchOptions,
     BenchGenerateOptions,
     DraftOptions,
     GenerateOptions,
@@ -41,9 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("models", help="list model aliases and cached models")
 
-    solve = commands.add_parser("solve", help="tree-search reasoning (ToT-BFS) on a task with a chosen engine")
-    for cls in (ModelOptions, DraftOptions, SearchOptions, SolveOptions):
+    solve = commands.add_parser(
+        "solve", help="tree-search reasoning (ToT-BFS, REBASE, ETS, rStar, REST-MCTS; SPEX) on a task"
+    )
+    for cls in (ModelOptions, DraftOptions, SearchOptions, SolveOptions, TreeSearchOptions, BackendOptions):
         add_flags(solve, cls)
+    serve = commands.add_parser("serve", help="the local engine behind an OpenAI-compatible API")
+    for cls in (ModelOptions, DraftOptions, ServeOptions):
+        add_flags(serve, cls)
     add_flags(commands.add_parser("trace", help="draw a solve timeline as a Gantt chart"), TraceOptions)
 
     tree = commands.add_parser("tree", help="token-tree tools")
@@ -81,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_tot = bench_commands.add_parser("tot", help="SEED's tables: every engine on ToT-BFS tasks, one run")
     for cls in (ModelOptions, DraftOptions, SearchOptions, BenchTotOptions):
         add_flags(bench_tot, cls)
+    bench_spex = bench_commands.add_parser("spex", help="SPEX's table: REBASE / rStar +- SPEX +- SD, queries in flight")
+    for cls in (ModelOptions, DraftOptions, TreeSearchOptions, BenchSpexOptions):
+        add_flags(bench_spex, cls)
     return parser
 
 
@@ -97,7 +109,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             return _models()
         if args.command == "solve":
-            return _solve(args)
+            return _solve(args) if args.search == "tot-bfs" else _tree_solve(args)
+        if args.command == "serve":
+            return _serve(
+                from_flags(args, ModelOptions), from_flags(args, DraftOptions), from_flags(args, ServeOptions)
+            )
+        if args.command == "bench" and args.bench == "spex":
+            from spectot.bench.spex import run_bench_spex
+
+            run_bench_spex(
+                from_flags(args, ModelOptions),
+                from_flags(args, DraftOptions),
+                from_flags(args, TreeSearchOptions),
+                from_flags(args, BenchSpexOptions),
+            )
+            return 0
         if args.command == "trace":
             return _trace(from_flags(args, TraceOptions))
         if args.command == "tree" and args.tree_command == "sequoia":
@@ -164,6 +190,45 @@ def _solve(args: argparse.Namespace) -> int:
     if options.trace:
         console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")
     Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / draft {draft.draft}"))
+    return 0
+
+
+def _tree_solve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from spectot.bench.progress import progress_bar
+    from spectot.cli.tables import tree_solve_table
+    from spectot.tree_solve import make_backend, run_tree_solve
+
+    model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
+    search, options = from_flags(args, SearchOptions), from_flags(args, SolveOptions)
+    tree, backend_options = from_flags(args, TreeSearchOptions), from_flags(args, BackendOptions)
+    backend = make_backend(model, draft, backend_options)
+    with progress_bar() as bar:
+        task = bar.add_task(f"{options.task} / {search.search} / explore {tree.explore}", total=None)
+
+        def report(done: int, total: int, record: dict) -> None:
+            bar.update(task, completed=done, total=total)
+            bar.console.print(
+                f"[{done}/{total}] {record['id']}: score {record['score']:.2f}, {record['seconds']:.1f}s, "
+                f"{record['expansions']} expansions, answer {record['answer'][:40]!r}"
+            )
+
+        run = run_tree_solve(search, tree, options, backend, report)
+    title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
+    Console().print(tree_solve_table(run.summary(), title))
+    return 0
+
+
+def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> int:
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.pipeline import Pipeline
+    from spectot.server.app import serve
+
+    pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
+    backend = LocalEngineBackend.from_pipeline(pipe, options.method, options.max_streams, name=model.target)
+    print(f"spectot: serving {model.target} at http://{options.host}:{options.port}/v1", file=sys.stderr)
+    serve(backend, options.host, options.port)
     return 0
 
 

@@ -62,3 +62,36 @@ def solve_table(summary: dict, title: str) -> Table:
         "(tok/step: tokens per target step of a stream, bonus token included)"
     )
     return table
+
+
+def tree_solve_table(summary: dict, title: str) -> Table:
+    """Accuracy, throughput and SPEX's speculation figures of a tree-search run."""
+    table = Table(title=title)
+    for col in (
+        "questions",
+        "accuracy",
+        "q/min",
+        "seconds",
+        "expansions",
+        "tokens",
+        "speculated",
+        "hit rate",
+        "saving rate",
+        "wasted tok",
+        "early stops",
+    ):
+        table.add_column(col, justify="right")
+    table.add_row(
+        str(summary["problems"]),
+        f"{summary['accuracy']:.2f}",
+        f"{summary['questions_per_minute']:.2f}",
+        f"{summary['seconds']:.1f}",
+        str(summary["expansions"]),
+        str(summary["tokens"]),
+        str(summary["speculated"]),
+        f"{summary['hit_rate']:.2f}",
+        f"{summary['saving_rate']:.2f}",
+        str(summary["wasted_tokens"]),
+        str(summary["stopped_early"]),
+    )
+    return table

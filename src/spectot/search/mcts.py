@@ -175,4 +175,3 @@ def _fold(tree: _Tree, r: _Rollout) -> Child:
     leaf = r.chain[-1][0]
     tree.stats = backup(tree.stats, path, leaf.reward)
     return leaf
-

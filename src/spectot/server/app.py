@@ -21,6 +21,7 @@ streamed responses carry no logprobs (asking for both is refused).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -377,7 +378,7 @@ def chat_choice(index: int, completion: Completion, logprobs: bool) -> dict[str,
 
 
 def sse(event: dict[str, Any] | str) -> str:
-    return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n"
+    return f"data: {event if isinstance(event, str) else json.dumps(event, separators=(',', ':'))}\n\n"
 
 
 def streamed_ending(backend: AsyncBackend, text: str, max_tokens: int) -> tuple[str, int]:
@@ -403,15 +404,16 @@ async def stream_events(
             opening = {"role": "assistant", "content": ""}
             yield chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
     try:
-        async for index, piece in stream_all(backend, work.requests):
-            if piece:
-                texts[index] += piece
-                part = {"delta": {"content": piece}} if chat else {"text": piece}
-                yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": None}])
-                continue
-            reason, _ = streamed_ending(backend, texts[index], work.requests[index].max_tokens)
-            part = {"delta": {}} if chat else {"text": ""}
-            yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
+        async with contextlib.aclosing(stream_all(backend, work.requests)) as pieces:
+            async for index, piece in pieces:
+                if piece:
+                    texts[index] += piece
+                    part = {"delta": {"content": piece}} if chat else {"text": piece}
+                    yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": None}])
+                    continue
+                reason, _ = streamed_ending(backend, texts[index], work.requests[index].max_tokens)
+                part = {"delta": {}} if chat else {"text": ""}
+                yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
     except Exception as exc:  # the status line is sent: report in-band, as vLLM does
         logger.exception("streamed generation failed")
         yield sse(ApiError(500, f"generation failed: {exc}").body())

@@ -1,0 +1,183 @@
+"""`spectot bench spex`: SPEX's table on this machine — REBASE and rStar, with and without speculation.
+
+For each task (GSM8K, MATH-500), search (REBASE, rStar), queries in flight (1 / 4 / 8) and variant —
+``plain`` (the async search alone), ``spex`` (+ speculative exploration), ``sd`` (+ token-level
+speculative decoding inside every expansion), ``spex+sd`` (both) — the same questions run with the
+same seeds on one loaded target: questions per minute, accuracy, speculation hit / saving rates and
+wasted tokens, and the speedup over ``plain`` at the same concurrency. Before the table, the local
+engine's throughput is measured at rising concurrency; k_total (SPEX's global speculation budget) is
+where it stops rising. Finally one cell runs again through ``spectot serve`` + the OpenAI backend
+over loopback, to show the remote path gives the same answers. Every cell is one record (appended as
+it finishes), so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from spectot.bench.progress import progress_bar
+from spectot.bench.records import append_record, load_records
+from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
+
+VARIANTS = {"plain": ("none", "ar"), "spex": ("spex", "ar"), "sd": ("none", "sd"), "spex+sd": ("spex", "sd")}
+
+
+def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOptions, opts: BenchSpexOptions) -> dict:
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.pipeline import Pipeline
+    from spectot.tree_solve import run_tree_solve
+
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if model.threads:
+        torch.set_num_threads(model.threads)
+    searches = _split(opts.searches)
+    in_flight = [int(x) for x in _split(opts.in_flight)]
+    variants = _split(opts.variants)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
+    needs_draft = any(VARIANTS[v][1] == "sd" for v in variants)
+    if needs_draft and draft.draft == "none":
+        raise ValueError("variants sd / spex+sd need a draft: pass --draft ngram (or a trained draft)")
+    pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
+    tasks = [(name, path) for name, path in (("gsm8k", opts.gsm8k), ("math500", opts.math500)) if path]
+    config_key = {**asdict(opts), **asdict(model), **asdict(draft), **asdict(tree)}
+    records = load_records(out / "records.jsonl", config_key)
+
+    curve = records.get(("concurrency",))
+    if curve is None:
+        curve = measure_concurrency(pipe)
+        append_record(out / "records.jsonl", config_key, ("concurrency",), curve, records)
+    k_total = curve["k_total"]
+
+    cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
+    todo = [c for c in cells if c not in records]
+    with progress_bar() as bar:
+        job = bar.add_task("bench spex", total=len(todo) * opts.problems)
+        for task, search, queries, variant in todo:
+            explore, method = VARIANTS[variant]
+            backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
+            options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries)
+            solve = SolveOptions(task=task, data=dict(tasks)[task], limit=opts.problems)
+            bar.update(job, description=f"{task} {search} x{queries} {variant}")
+            run = run_tree_solve(
+                SearchOptions(search=search), options, solve, backend, report=lambda *a: bar.advance(job)
+            )
+            value = {**run.summary(), "answers": {r["id"]: r["answer"] for r in run.records}}
+            append_record(out / "records.jsonl", config_key, (task, search, queries, variant), value, records)
+    remote = records.get(("remote",))
+    if opts.remote and remote is None and tasks:
+        remote = check_remote(pipe, model, tree, tasks[0], searches[0], min(opts.problems, 4), k_total)
+        append_record(out / "records.jsonl", config_key, ("remote",), remote, records)
+
+    rows = []
+    for task, search, queries, variant in cells:
+        value = records[(task, search, queries, variant)]
+        plain = records.get((task, search, queries, "plain"))
+        row = {"task": task, "search": search, "in_flight": queries, "variant": variant}
+        row.update({k: v for k, v in value.items() if k not in ("answers", "engine")})
+        row["speedup_vs_plain"] = plain["seconds"] / value["seconds"] if plain else None
+        row["accuracy_delta_vs_plain"] = value["accuracy"] - plain["accuracy"] if plain else None
+        rows.append(row)
+    result = {
+        "rows": rows,
+        "concurrency": curve,
+        "remote": remote,
+        "config": config_key,
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "results.md").write_text(markdown(rows, curve, remote))
+    return result
+
+
+def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> dict:
+    """Generated tokens per second of the local engine with n requests in flight; k_total is the
+    concurrency past which throughput rises by less than 5 %."""
+    from spectot.backends.base import CompletionRequest
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.explore.budget import k_total_from_curve
+
+    prompt = "Write a short story about a robot who learns to paint."
+
+    async def rate(n: int) -> float:
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+            requests = [CompletionRequest(prompt, tokens, 1.0, seed=i, chat=True) for i in range(n)]
+            await backend.complete(requests[0])  # warm-up
+            t = time.perf_counter()
+            done = await asyncio.gather(*(backend.complete(r) for r in requests))
+            return sum(c.completion_tokens for c in done) / (time.perf_counter() - t)
+        finally:
+            await backend.aclose()
+
+    throughput = [asyncio.run(rate(n)) for n in levels]
+    return {
+        "concurrency": list(levels),
+        "tokens_per_second": throughput,
+        "k_total": k_total_from_curve(levels, throughput),
+    }
+
+
+def check_remote(pipe, model: ModelOptions, tree: TreeSearchOptions, task, search: str, n: int, k_total: int) -> dict:
+    """The same questions through `spectot serve` + the OpenAI backend and in-process: same answers?"""
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.backends.openai import OpenAIBackend
+    from spectot.server.app import BackgroundServer, create_app
+    from spectot.tree_solve import run_tree_solve
+
+    name, data = task
+    options = replace(tree, explore="spex", k_total=k_total, queries_in_flight=4)
+    solve = SolveOptions(task=name, data=data, limit=n)
+    local = run_tree_solve(SearchOptions(search=search), options, solve, LocalEngineBackend.from_pipeline(pipe))
+    served = LocalEngineBackend.from_pipeline(pipe, name=model.target)
+    with BackgroundServer(create_app(served)) as server:
+        remote_backend = OpenAIBackend.from_urls([f"{server.url}/v1"], model.target)
+        remote = run_tree_solve(SearchOptions(search=search), options, solve, remote_backend)
+    asyncio.run(served.aclose())
+    same = lambda run: {r["id"]: r["answer"] for r in run.records}  # noqa: E731
+    return {
+        "task": name,
+        "search": search,
+        "questions": n,
+        "local": local.summary(),
+        "remote": remote.summary(),
+        "same_answers": sum(same(local)[k] == v for k, v in same(remote).items()),
+    }
+
+
+def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
+    fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+    lines = [
+        "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
+        "speculated | hit rate | saving rate | wasted tok | early stops |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['search']} | {r['in_flight']} | {r['variant']} | {r['problems']} | "
+            f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])} | {fmt(r['accuracy'])} | "
+            f"{fmt(r['accuracy_delta_vs_plain'])} | {r['speculated']} | {fmt(r['hit_rate'])} | "
+            f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {r['stopped_early']} |"
+        )
+    conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
+    lines += ["", f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {curve['k_total']}."]
+    if remote is not None:
+        lines.append(
+            f"Remote path ({remote['task']}, {remote['search']}, {remote['questions']} questions through "
+            f"`spectot serve` + the OpenAI backend): {remote['same_answers']}/{remote['questions']} answers "
+            f"equal the in-process run's."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]

@@ -1,0 +1,130 @@
+"""`spectot solve --search rebase|ets|rstar|rest-mcts`: tree searches over an async backend, with SPEX.
+
+The job wires the layers: task (``tasks/``) -> expansions over a backend (``backends/``: the local
+continuous engine, or OpenAI-compatible servers) -> search (``search/bfs.py``, ``search/mcts.py``)
+-> exploration (``explore/``: SPEX on or off, queries in flight). One record per query, in finishing
+order, and a summary; it never prints (the CLI reports progress through ``report``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spectot.config import BackendOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
+from spectot.explore.queries import ExploreConfig, run_queries
+from spectot.search.tree_search import TreeSearchConfig
+from spectot.tasks.registry import load_problems, make_task
+
+
+@dataclass
+class TreeSolveRun:
+    records: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    engine: dict = field(default_factory=dict)  # the local engine's counters (steps, most live streams)
+
+    def summary(self) -> dict:
+        n = len(self.records)
+        spec = [r["spec"] for r in self.records]
+        total = lambda key: sum(s.get(key, 0) for s in spec)  # noqa: E731
+        speculated, used = total("speculated"), total("expansions_used")
+        return {
+            "problems": n,
+            "accuracy": sum(r["score"] for r in self.records) / n if n else 0.0,
+            "seconds": self.seconds,
+            "questions_per_minute": 60 * n / self.seconds if self.seconds else 0.0,
+            "tokens": sum(r["tokens"] for r in self.records),
+            "expansions": sum(r["expansions"] for r in self.records),
+            "stopped_early": sum(r["stopped_early"] for r in self.records),
+            "speculated": speculated,
+            "hit_rate": total("hits") / speculated if speculated else 0.0,
+            "saving_rate": total("hits") / used if used else 0.0,
+            "wasted_tokens": total("wasted_tokens"),
+            "cancelled": total("cancelled"),
+            "engine": self.engine,
+        }
+
+
+def tree_config(search: SearchOptions, tree: TreeSearchOptions) -> TreeSearchConfig:
+    return TreeSearchConfig(
+        search.search,
+        tree.budget,
+        tree.balance_temperature,
+        search.depth,
+        max_children=tree.max_children,
+        rest_children=tree.rest_children,
+        lambda_kv=tree.lambda_kv,
+        lambda_cov=tree.lambda_cov,
+    )
+
+
+def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
+    return ExploreConfig(tree.explore, tree.k_total, tree.lookahead, 1.0, tree.early_stop, tree.min_answers, tree.alpha)
+
+
+def make_backend(model: ModelOptions, draft: DraftOptions, options: BackendOptions, pipe=None):
+    """The async backend the options name: the local engine over ``pipe`` (loaded if None) or servers."""
+    if options.backend == "openai":
+        from spectot.backends.openai import OpenAIBackend
+
+        return OpenAIBackend.from_urls(options.base_url, options.served_model or None, options.timeout, options.retries)
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.pipeline import Pipeline
+
+    if pipe is None:
+        pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
+    return LocalEngineBackend.from_pipeline(pipe, options.method, options.max_streams, name=model.target)
+
+
+def run_tree_solve(
+    search: SearchOptions,
+    tree: TreeSearchOptions,
+    options: SolveOptions,
+    backend,
+    report: Callable[[int, int, dict], None] | None = None,
+    close: bool = True,
+) -> TreeSolveRun:
+    """Solve ``options.limit`` problems with ``tree.queries_in_flight`` at once; ``report(done, total,
+    record)`` after each; ``close``: close the backend at the end (in the loop that used it)."""
+    task = make_task(options.task, search.depth, options.prompt_pool)
+    problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
+    out = Path(options.json) if options.json else None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("")
+    run = TreeSolveRun()
+
+    async def main() -> None:
+        records = run_queries(
+            task,
+            problems,
+            backend,
+            tree_config(search, tree),
+            explore_config(tree),
+            tree.queries_in_flight,
+            tree.reward,
+            search.seed,
+        )
+        try:
+            async for record in records:
+                row = {**record.to_dict(), "search": search.search, "explore": tree.explore}
+                run.records.append(row)
+                if out is not None:
+                    with out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                if report is not None:
+                    report(len(run.records), len(problems), row)
+        finally:
+            if close:
+                await backend.aclose()
+
+    t0 = time.perf_counter()
+    asyncio.run(main())
+    run.seconds = time.perf_counter() - t0
+    counters = getattr(getattr(backend, "engine", None), "counters", None)
+    run.engine = dict(vars(counters)) if counters is not None else {}
+    return run
