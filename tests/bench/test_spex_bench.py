@@ -1,0 +1,40 @@
+"""`bench spex` end to end on a tiny checkpoint: every cell is recorded, the table and JSON are
+written, a second run resumes from the records, and the remote path (spectot serve + the OpenAI
+backend over loopback) gives the in-process answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectot.bench.spex import run_bench_spex
+from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, TreeSearchOptions
+
+GSM8K = Path(__file__).parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="needs ../shared/data/gsm8k/test.jsonl")
+def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp_path) -> None:
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    opts = BenchSpexOptions(
+        gsm8k=str(GSM8K),
+        math500="",
+        problems=2,
+        searches="rebase",
+        in_flight="2",
+        variants="plain,spex,sd",
+        out=str(tmp_path),
+    )
+    tree = TreeSearchOptions(budget=2)
+    result = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)
+    assert [r["variant"] for r in result["rows"]] == ["plain", "spex", "sd"]
+    assert all(r["problems"] == 2 for r in result["rows"])
+    assert result["rows"][1]["speculated"] > 0
+    assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2
+    assert "| gsm8k | rebase | 2 | spex |" in (tmp_path / "results.md").read_text()
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    again = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)  # everything from the records
+    assert (tmp_path / "records.jsonl").read_text().splitlines() == lines
+    assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
