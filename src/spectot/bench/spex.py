@@ -49,7 +49,10 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
         raise ValueError("variants sd / spex+sd need a draft: pass --draft ngram (or a trained draft)")
     pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
     tasks = [(name, path) for name, path in (("gsm8k", opts.gsm8k), ("math500", opts.math500)) if path]
-    config_key = {**asdict(opts), **asdict(model), **asdict(draft), **asdict(tree)}
+    # a cell's record depends on the questions, model, draft and search settings, not on which cells are asked for
+    selection = ("searches", "in_flight", "variants", "remote", "out")
+    config_key = {k: v for k, v in asdict(opts).items() if k not in selection}
+    config_key |= {**asdict(model), **asdict(draft), **asdict(tree)}
     records = load_records(out / "records.jsonl", config_key)
 
     curve = records.get(("concurrency",))
@@ -73,20 +76,29 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
             )
             value = {**run.summary(), "answers": {r["id"]: r["answer"] for r in run.records}}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant), value, records)
+            write_results(out, records, cells, config_key)  # the table so far: an interrupted run still has one
     remote = records.get(("remote",))
     if opts.remote and remote is None and tasks:
         remote = check_remote(pipe, model, tree, tasks[0], searches[0], min(opts.problems, 4), k_total)
         append_record(out / "records.jsonl", config_key, ("remote",), remote, records)
 
+    return write_results(out, records, cells, config_key)
+
+
+def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict) -> dict:
+    """results.json / results.md from the records of the finished cells (missing ones are left out)."""
     rows = []
     for task, search, queries, variant in cells:
-        value = records[(task, search, queries, variant)]
+        value = records.get((task, search, queries, variant))
+        if value is None:
+            continue
         plain = records.get((task, search, queries, "plain"))
         row = {"task": task, "search": search, "in_flight": queries, "variant": variant}
         row.update({k: v for k, v in value.items() if k not in ("answers", "engine")})
         row["speedup_vs_plain"] = plain["seconds"] / value["seconds"] if plain else None
         row["accuracy_delta_vs_plain"] = value["accuracy"] - plain["accuracy"] if plain else None
         rows.append(row)
+    curve, remote = records.get(("concurrency",)), records.get(("remote",))
     result = {
         "rows": rows,
         "concurrency": curve,
