@@ -81,8 +81,6 @@ class SharedBudget:
         )
         free = self.k_total - sum(self.in_flight.values())
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
-        if len(queries) == 1:  # alone: the whole budget is this query's
-            mine = min(wanted, self.k_total - self.in_flight.get(query, 0))
         return max(0, min(mine, free, wanted))
 
     def started(self, query: int) -> None:
@@ -179,12 +177,6 @@ class Explorer:
         self.counters.hits += 1
         if self.budget is not None:
             self.budget.hit(self.query)
-
-    def speculate(self, key: ChildKey) -> asyncio.Task | None:
-        """Start ``key`` speculatively if it is not already running (the caller checked ``spare``)."""
-        if key in self._jobs and not self._jobs[key].task.cancelled():
-            return None
-        return self._launch(key)
 
     def retain(self, keep: Callable[[ChildKey], bool]) -> None:
         """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget)."""
