@@ -22,18 +22,18 @@ def write(cache: FlatKVCache, n: int, first_marker: int) -> torch.Tensor:
     start = cache.reserve(n)
     slots = torch.arange(start, start + n)
     for i, slot in enumerate(slots.tolist()):
-        cache.buffer[:, 0, :, slot] = first_marker + i
-        cache.buffer[:, 1, :, slot] = -(first_marker + i)
+        cache.buffer[:, slot, 0] = first_marker + i
+        cache.buffer[:, slot, 1] = -(first_marker + i)
     return slots
 
 
 def markers(cache: FlatKVCache, slots: torch.Tensor) -> list[int]:
     """The marker held by each slot, after checking keys and values agree in every layer and head."""
-    keys = cache.buffer[:, 0][:, :, slots]  # (L, H, n, D)
-    values = cache.buffer[:, 1][:, :, slots]
+    keys = cache.buffer[:, slots, 0]  # (L, n, H, D)
+    values = cache.buffer[:, slots, 1]
     assert torch.equal(keys, -values)
-    assert torch.equal(keys, keys[:1, :1, :, :1].expand_as(keys))
-    return keys[0, 0, :, 0].long().tolist()
+    assert torch.equal(keys, keys[:1, :, :1, :1].expand_as(keys))
+    return keys[0, :, 0, 0].long().tolist()
 
 
 def test_new_slots_are_reserved_at_the_tail() -> None:
@@ -164,7 +164,7 @@ def test_capacity_growth_preserves_contents() -> None:
 
     new = write(cache, 6, first_marker=4)  # needs 9 slots in a 4-slot cache
     assert cache.capacity >= 9
-    assert cache.buffer.shape == (LAYERS, 2, HEADS, cache.capacity, DIM)
+    assert cache.buffer.shape == (LAYERS, cache.capacity, 2, HEADS, DIM)
     assert cache.refcount.shape == (cache.capacity,)
     assert cache.used == 9
     assert markers(cache, cache.slots(a)) == [1, 2, 3]

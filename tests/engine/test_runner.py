@@ -90,8 +90,8 @@ def assert_stream_kv_matches(runner: ModelRunner, model, sid: int, ids: list[int
     slots = runner.cache.slots(sid)
     assert slots.numel() == len(ids)
     for layer, (keys, values) in enumerate(hf_kv(model, ids)):
-        ours_k = runner.cache.buffer[layer, 0][:, slots]
-        ours_v = runner.cache.buffer[layer, 1][:, slots]
+        layer_keys, layer_values = runner.cache.keys_values(layer)
+        ours_k, ours_v = layer_keys[:, slots], layer_values[:, slots]
         assert ours_k.shape == keys.shape
         assert (ours_k - keys).abs().max().item() < KV_TOL, f"layer {layer} keys"
         assert (ours_v - values).abs().max().item() < KV_TOL, f"layer {layer} values"

@@ -42,7 +42,8 @@ class _Stream:
 
 @dataclass
 class FlatKVCache:
-    """Keys and values of every layer, ``buffer[layer, 0|1]`` is (H_kv, capacity, D)."""
+    """Keys and values of every layer, slot-major: ``buffer[layer, slot]`` is (2, H_kv, D), keys then
+    values, so gathering a stream's slots copies whole contiguous rows."""
 
     num_layers: int
     num_kv_heads: int
@@ -51,7 +52,7 @@ class FlatKVCache:
     device: torch.device
     capacity: int = 1024
     used: int = 0
-    buffer: torch.Tensor = field(init=False)  # (L, 2, H_kv, capacity, D)
+    buffer: torch.Tensor = field(init=False)  # (L, capacity, 2, H_kv, D)
     refcount: torch.Tensor = field(init=False)  # (capacity,) int32: streams holding each slot
     streams: dict[int, _Stream] = field(init=False, default_factory=dict)
     _next_id: int = 0
@@ -61,7 +62,7 @@ class FlatKVCache:
         self.refcount = torch.zeros(self.capacity, dtype=torch.int32)
 
     def _shape(self, capacity: int) -> tuple[int, ...]:
-        return (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim)
+        return (self.num_layers, capacity, 2, self.num_kv_heads, self.head_dim)
 
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
@@ -96,6 +97,10 @@ class FlatKVCache:
         self.refcount[slots] -= 1
         self.remove(slots[self.refcount[slots] == 0])
 
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's keys and values as (H_kv, capacity, D) views."""
+        return self.buffer[layer].permute(1, 2, 0, 3).unbind(0)
+
     # -- slots -----------------------------------------------------------------------------
     def reserve(self, n: int) -> int:
         """Make room for n tail slots; returns the first one. The caller writes and then keeps
@@ -103,7 +108,7 @@ class FlatKVCache:
         if self.used + n > self.capacity:
             capacity = max(self.used + n, 2 * self.capacity)
             grown = torch.zeros(self._shape(capacity), dtype=self.dtype, device=self.device)
-            grown[:, :, :, : self.used] = self.buffer[:, :, :, : self.used]
+            grown[:, : self.used] = self.buffer[:, : self.used]
             self.buffer = grown
             refcount = torch.zeros(capacity, dtype=torch.int32)
             refcount[: self.used] = self.refcount[: self.used]
@@ -128,7 +133,7 @@ class FlatKVCache:
         keep = (~gone[first:]).nonzero().squeeze(1) + first  # (kept after first,)
         n_keep = keep.numel()
         if n_keep:
-            self.buffer[:, :, :, first : first + n_keep] = self.buffer[:, :, :, keep]
+            self.buffer[:, first : first + n_keep] = self.buffer[:, keep]
             self.refcount[first : first + n_keep] = self.refcount[keep]
         shift = torch.cumsum(gone, 0)  # slot j moves to j - shift[j]
         for stream in self.streams.values():

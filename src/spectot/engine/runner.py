@@ -31,39 +31,41 @@ from spectot.models.loader import check_architecture
 
 
 def batch_invariant_attention(
-    q: torch.Tensor,  # (H, N, D)
-    k: torch.Tensor,  # (H_kv, S, D)
-    v: torch.Tensor,  # (H_kv, S, D)
-    mask: torch.Tensor,  # (N, S) float64 additive
+    q: torch.Tensor,  # (H_kv, B, G*n, D): query head h_kv*G + g of row i at [h_kv, b, g*n + i]
+    k: torch.Tensor,  # (H_kv, B, S, D)
+    v: torch.Tensor,  # (H_kv, B, S, D)
+    mask: torch.Tensor,  # (B, n, S) float64 additive
     scale: float,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + mask) v in float64 -> (H, N, D) float64.
+    """softmax(q k^T * scale + mask) v in float64 -> (H_kv, B, G*n, D) float64, for B padded streams.
 
     Why float64: a fused kernel's result for one query row depends on the other rows and on how many
     masked columns follow (its blocking changes), by ~1e-7 in fp32 and ~1e-4 in bf16 -- enough to
     flip a greedy near-tie between a tree forward and the AR step it must reproduce. In float64 the
     layout dependence is ~1e-16, far below one rounding step of the model dtype, so every row equals
-    what the same token would get alone.
+    what the same token would get alone, however the streams are padded and batched.
     """
-    h_kv, s, d = k.shape
-    group, n = q.shape[0] // h_kv, q.shape[1]
-    q = q.double().reshape(h_kv, group * n, d)  # query head h uses key/value head h // group
-    scores = torch.matmul(q, k.double().transpose(1, 2)).mul_(scale).view(h_kv, group, n, s).add_(mask)
-    probs = scores.softmax(-1).view(h_kv, group * n, s)
-    return torch.matmul(probs, v.double()).view(h_kv * group, n, d)
+    h_kv, b, s, _ = k.shape
+    n = mask.shape[1]
+    scores = torch.matmul(q.double(), k.double().transpose(-1, -2)).mul_(scale)  # (H_kv, B, G*n, S)
+    scores = scores.view(h_kv, b, -1, n, s).add_(mask[:, None])  # query heads of a group share the mask
+    return torch.matmul(scores.softmax(-1).view(h_kv, b, -1, s), v.double())
 
 
 def fused_attention(
-    q: torch.Tensor,  # (H, N, D)
-    k: torch.Tensor,  # (H_kv, S, D)
-    v: torch.Tensor,  # (H_kv, S, D)
-    mask: torch.Tensor,  # (N, S) float64 additive
+    q: torch.Tensor,  # (H_kv, B, G*n, D)
+    k: torch.Tensor,  # (H_kv, B, S, D)
+    v: torch.Tensor,  # (H_kv, B, S, D)
+    mask: torch.Tensor,  # (B, n, S) float64 additive
     scale: float,
 ) -> torch.Tensor:
-    """torch's fused SDPA in the model dtype -> (H, N, D); not batch-invariant (see above)."""
-    group = q.shape[0] // k.shape[0]
-    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
+    """torch's fused SDPA in the model dtype -> (H_kv, B, G*n, D); not batch-invariant (see above)."""
+    h_kv, b, gn, d = q.shape
+    n = mask.shape[1]
+    q = q.view(h_kv, b, gn // n, n, d)
+    k, v = k[:, :, None], v[:, :, None]  # broadcast over the group's query heads
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None].to(q.dtype), scale=scale)
+    return out.view(h_kv, b, gn, d)
 
 
 LinearKernel = Literal["auto", "torch", "spectot"]
@@ -174,6 +176,45 @@ class ForwardOutput:
     hidden: list[torch.Tensor] | None  # per stream tree: (n_s, H) at the chosen layer
 
 
+ATTENTION_BATCH_CELLS = 1 << 21  # padded (B x n x S) cells one attention batch may hold (x H doubles)
+
+
+@dataclass(frozen=True)
+class _AttentionBatch:
+    """Streams attended together, padded to n rows and S columns each."""
+
+    rows: torch.Tensor  # (B*n,) the forward row of each padded query (padding repeats the stream's first row)
+    real: torch.Tensor  # (B*n,) bool: which padded queries are real rows (they are in forward order)
+    columns: torch.Tensor  # (B*S,) the cache slot of each padded column (padding reads slot 0, masked out)
+    mask: torch.Tensor  # (B, n, S) float64 additive; padded columns -inf, padded rows see everything
+
+    @classmethod
+    def pad(
+        cls, streams: Sequence[tuple[int, int, torch.Tensor, torch.Tensor]], device: torch.device
+    ) -> _AttentionBatch:
+        """From (first row, rows, columns, mask) per stream."""
+        n = max(rows for _, rows, _, _ in streams)
+        s = max(columns.numel() for _, _, columns, _ in streams)
+        b = len(streams)
+        row_index = torch.zeros(b, n, dtype=torch.int64)
+        real = torch.zeros(b, n, dtype=torch.bool)
+        column_index = torch.zeros(b, s, dtype=torch.int64)
+        mask = torch.zeros(b, n, s, dtype=torch.float64)
+        for i, (first, rows, columns, stream_mask) in enumerate(streams):
+            row_index[i] = first
+            row_index[i, :rows] = torch.arange(first, first + rows)
+            real[i, :rows] = True
+            column_index[i, : columns.numel()] = columns
+            mask[i, :rows, columns.numel() :] = float("-inf")
+            mask[i, :rows, : columns.numel()] = stream_mask
+        return cls(
+            row_index.flatten().to(device),
+            real.flatten().to(device),
+            column_index.flatten().to(device),
+            mask.to(device),
+        )
+
+
 @dataclass
 class _Pending:
     start: int  # first new slot
@@ -222,6 +263,7 @@ class ModelRunner:
         self._pending: _Pending | None = None
         self._linear = pick_linear(self.dtype, self.device, kernels)
         self._attend = batch_invariant_attention if exact_attention else fused_attention
+        self._attention_dtype = torch.float64 if exact_attention else self.dtype
 
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
@@ -270,7 +312,7 @@ class ModelRunner:
         tokens = torch.cat([st.tree.tokens for st in trees]).to(self.device)
         embeds = self._embeds(trees, tokens)
         positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
-        segments = self._segments(trees, offsets, start)
+        batches = self._batches(trees, offsets, start)
         if last_only:
             logit_rows = [[n - 1] for n in sizes]
         rows = (
@@ -283,7 +325,7 @@ class ModelRunner:
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
         with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
-            logits, hidden = self._run(embeds, positions, segments, start, rows, hidden_index)
+            logits, hidden = self._run(embeds, positions, batches, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
         per_stream = list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
@@ -299,30 +341,38 @@ class ModelRunner:
         parts = x.split([len(st.tree) for st in trees])
         return torch.cat([p if st.embeds is None else st.embeds.to(p) for p, st in zip(parts, trees)])
 
-    def _segments(
-        self, trees: Sequence[StreamTree], offsets: list[int], start: int
-    ) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
-        """Per stream: its rows of this forward, the cache columns they read (the stream's slots, then
-        its new slots) and the additive float64 mask over those columns (0 = may attend, -inf = not).
-        Attending per stream keeps the cost at each stream's own length, whatever else the cache holds.
+    def _batches(self, trees: Sequence[StreamTree], offsets: list[int], start: int) -> list[_AttentionBatch]:
+        """The streams of a forward in consecutive attention batches: per stream, its rows, the cache
+        columns they read (the stream's slots, then its new slots) and the additive float64 mask over
+        those columns (0 = may attend, -inf = not), padded to the batch's largest stream. Attending per
+        stream keeps the cost at each stream's own length, whatever else the cache holds.
 
         Example: stream A holds slots [0, 1, 2] and brings a 2-node chain written at slots [7, 8]:
         rows 0:2, columns [0, 1, 2, 7, 8], mask rows [0 0 0 0 -inf] and [0 0 0 0 0]."""
-        segments = []
+        streams = []
         for st, o in zip(trees, offsets):
             n = len(st.tree)
             old = self.cache.slots(st.stream)
             columns = torch.cat([old, torch.arange(start + o, start + o + n)])
-            mask = torch.zeros(n, old.numel() + n, dtype=torch.float64)
+            mask = torch.zeros(n, columns.numel(), dtype=torch.float64)
             mask[:, old.numel() :].masked_fill_(~st.tree.ancestors, float("-inf"))
-            segments.append((slice(o, o + n), columns.to(self.device), mask.to(self.device)))
-        return segments
+            streams.append((o, n, columns, mask))
+        groups: list[list[tuple]] = [[]]
+        rows, cols = 0, 0
+        for stream in streams:  # padded scores are H x B x n x S doubles: bound them per batch
+            grown_rows, grown_cols = max(rows, stream[1]), max(cols, stream[2].numel())
+            if groups[-1] and (len(groups[-1]) + 1) * grown_rows * grown_cols > ATTENTION_BATCH_CELLS:
+                groups.append([])
+                grown_rows, grown_cols = stream[1], stream[2].numel()
+            groups[-1].append(stream)
+            rows, cols = grown_rows, grown_cols
+        return [_AttentionBatch.pad(group, self.device) for group in groups]
 
     def _run(
         self,
         embeds: torch.Tensor,  # (N, H)
         positions: torch.Tensor,  # (N,)
-        segments: list[tuple[slice, torch.Tensor, torch.Tensor]],  # per stream: rows, columns, mask
+        batches: list[_AttentionBatch],
         start: int,
         rows: torch.Tensor | None,
         hidden_index: int | None,
@@ -332,7 +382,7 @@ class ModelRunner:
         cos, sin = self._rotary(x, positions[None])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
-            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, segments, start)
+            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, batches, start)
             gate, up = linear(layer.post_norm(x), layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
             x = x + linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)  # SwiGLU MLP
             if hidden_index == i + 1 < len(self._layers):
@@ -352,26 +402,35 @@ class ModelRunner:
         x: torch.Tensor,  # (1, N, H)
         cos: torch.Tensor,
         sin: torch.Tensor,
-        segments: list[tuple[slice, torch.Tensor, torch.Tensor]],
+        batches: list[_AttentionBatch],
         start: int,
     ) -> torch.Tensor:
-        n = x.shape[1]
-        shape = (1, n, -1, self.head_dim)
+        n_rows = x.shape[1]
+        shape = (1, n_rows, -1, self.head_dim)
         qkv = self._linear(x, layer.qkv_weight, layer.qkv_bias)
         q, k, v = qkv.split([qkv.shape[-1] - 2 * self._kv_size, self._kv_size, self._kv_size], -1)
         q, k, v = q.view(shape), k.view(shape), v.view(shape)
         if layer.q_norm is not None:  # Qwen3 normalises heads before rotary
             q, k = layer.q_norm(q), layer.k_norm(k)
         q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H, N, D)
-        kv = self.cache.buffer[index]  # (2, H_kv, capacity, D)
-        kv[0, :, start : start + n] = k[0]
-        kv[1, :, start : start + n] = v[0].transpose(0, 1)
+        new = self.cache.buffer[index, start : start + n_rows]  # (N, 2, H_kv, D)
+        new[:, 0] = k[0].transpose(0, 1)
+        new[:, 1] = v[0]
+        kv = self.cache.buffer[index]  # (capacity, 2, H_kv, D)
+        group = q.shape[1] // self.num_kv_heads
         parts = []
-        for row_slice, columns, mask in segments:  # each stream attends only to its own slots
-            keys, values = kv[:, :, columns].unbind(0)  # (H_kv, S_stream, D) each
-            parts.append(self._attend(q[0, :, row_slice], keys, values, mask, layer.scaling))
-        out = torch.cat(parts, 1)  # (H, N, D)
-        return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n, -1), layer.o_weight, layer.o_bias)
+        for batch in batches:  # each stream attends only to its own slots
+            b, n, s = batch.mask.shape
+            queries = q[0][:, batch.rows].view(self.num_kv_heads, group, b, n, -1).transpose(1, 2)
+            keys_values = kv.index_select(0, batch.columns).view(b, s, *kv.shape[1:]).permute(2, 3, 0, 1, 4)
+            keys_values = keys_values.to(self._attention_dtype, memory_format=torch.contiguous_format)
+            out = self._attend(
+                queries.reshape(self.num_kv_heads, b, group * n, -1), *keys_values, batch.mask, layer.scaling
+            )
+            out = out.view(self.num_kv_heads, b, group, n, -1).transpose(1, 2).reshape(q.shape[1], b * n, -1)
+            parts.append(out[:, batch.real])
+        out = torch.cat(parts, 1) if len(parts) > 1 else parts[0]  # (H, N, D)
+        return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o_weight, layer.o_bias)
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:

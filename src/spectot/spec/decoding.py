@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from spectot.engine.prefix_cache import PrefixCache
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer
@@ -95,7 +96,11 @@ class Decoder:
         eos_token_ids: Sequence[int] = (),
         proposer: Proposer | None = None,
         detokenize: Callable[[list[int]], str] | None = None,  # needed for stop strings
+        prefix_cache_tokens: int = 16384,  # KV of finished sequences kept for later prompts (0: none)
     ) -> None:
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.runner = runner
         self.eos = frozenset(eos_token_ids)
         self.proposer = proposer
@@ -143,6 +148,9 @@ class DecodeSession:
         self.batch = DecodeStats()
         self._t0 = time.perf_counter()
         self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
+        # an EDD draft needs the target's hidden states of every prompt token: those are not cached
+        cached = decoder.prefix_cache_tokens if decoder.hidden_layer is None else 0
+        self.prefix_cache = PrefixCache(self.runner, cached, MIN_SHARED_PREFIX)
         self.streams: list[_Stream] = []  # live and finished streams, released ones excluded
         self._next_key = 0
         self.add(prompts, config, seeds)
@@ -178,15 +186,16 @@ class DecodeSession:
 
     def release(self, s: _Stream) -> None:
         """Free a stream's KV and draft state (finished or abandoned); its prompt's KV goes with
-        its last user."""
+        its last user. The KV moves to the prefix cache, which frees it when it needs the room."""
         if s.sid is not None:
-            self.runner.release(s.sid)
+            held = (s.prompt + s.generated)[: self.runner.stream_len(s.sid)]  # tokens whose KV the stream has
+            self.prefix_cache.keep(s.sid, held)
             s.sid = None
             entry = self._prompts.get(tuple(s.prompt))
             if entry is not None:
                 entry.users -= 1
                 if entry.users == 0:
-                    self.runner.release(entry.sid)
+                    self.prefix_cache.keep(entry.sid, s.prompt)
                     del self._prompts[tuple(s.prompt)]
         if self.proposer is not None:
             self.proposer.release(s.key)
@@ -209,6 +218,7 @@ class DecodeSession:
         for entry in self._prompts.values():
             self.runner.release(entry.sid)
         self._prompts.clear()
+        self.prefix_cache.clear()
         self.batch.time_total = time.perf_counter() - self._t0
 
     def results(self) -> list[StreamResult]:
@@ -234,25 +244,35 @@ class DecodeSession:
             self._emit(s, [token], _logprobs(entry.logits[None], [token]))
 
     def _prefill_prompts(self, prompts: list[tuple[int, ...]]) -> None:
+        """One forward over the new prompts, each forked from its longest cached prefix (at least its
+        last token runs, for the logits). A prefix all of them share beyond what the cache holds (a
+        few-shot header) runs once first. Without a prefix cache (EDD drafts, which need the target's
+        hidden states of every prompt token) only that shared prefix is reused."""
         hidden_layer = self._hidden_layer()
         shared = _common_prefix_len(prompts) if len(prompts) > 1 else 0
         base, base_hidden = None, None
-        if shared >= MIN_SHARED_PREFIX:
-            base = self.runner.new_stream()
+        if shared - self.prefix_cache.longest(prompts[0][:shared])[1] >= MIN_SHARED_PREFIX:
+            base, cached = self.prefix_cache.fork(prompts[0][:shared])
             out = self.runner.forward(
-                [StreamTree(base, TokenTree.chain(prompts[0][:shared]))], last_only=True, hidden_layer=hidden_layer
+                [StreamTree(base, TokenTree.chain(prompts[0][cached:shared]))],
+                last_only=True,
+                hidden_layer=hidden_layer,
             )
             self.runner.commit_all()
             self.batch.target_forwards += 1
             base_hidden = None if out.hidden is None else out.hidden[0]
+            if self.prefix_cache.max_tokens:  # the prompts find it in the cache, with anything longer
+                self.prefix_cache.keep(base, prompts[0][:shared])
+                base = None
+        if base is None:
+            forks = [self.prefix_cache.fork(p[:-1]) for p in prompts]
         else:
-            shared = 0
-        sids = [self.runner.new_stream(fork_of=base) for _ in prompts]
-        trees = [StreamTree(sid, TokenTree.chain(list(p[shared:]))) for sid, p in zip(sids, prompts)]
+            forks = [(self.runner.new_stream(fork_of=base), shared) for _ in prompts]
+        trees = [StreamTree(sid, TokenTree.chain(list(p[cached:]))) for (sid, cached), p in zip(forks, prompts)]
         out = self.runner.forward(trees, last_only=True, hidden_layer=hidden_layer)
         self.runner.commit_all()
         self.batch.target_forwards += 1
-        for i, (p, sid) in enumerate(zip(prompts, sids)):
+        for i, (p, (sid, _)) in enumerate(zip(prompts, forks)):
             hidden = None
             if out.hidden is not None:
                 hidden = out.hidden[i] if base_hidden is None else torch.cat([base_hidden, out.hidden[i]])

@@ -1,0 +1,98 @@
+"""The prefix cache: KV of finished token sequences, kept so later prompts that start with them skip
+prefilling that part (SGLang's radix cache, over the flat KV cache's forkable streams).
+
+A tree search asks for a node's children with the node's own prompt + step as their prompt, so
+almost every prompt of a search extends a sequence the engine has already run. When a stream
+finishes, its KV stays here under its tokens; a new prompt forks the entry with the longest common
+prefix and prefills only the rest. Only whole-token prefixes at the same positions are reused, so the
+KV is exactly what prefilling the prompt would give (the runner's kernels are batch-invariant).
+
+Entries are the *maximal* sequences kept: keeping a sequence drops the entries that are prefixes of
+it (their slots stay shared through the forks), and a sequence that is a prefix of an entry is not
+kept. Past ``max_tokens`` (the sum of entry lengths: an upper bound on the slots held) the least
+recently used entries go, down to 3/4 of it, so eviction's slot shifting happens in batches.
+
+Worked example: keep A = [1 2 3 4 5 6]; prompt [1 2 3 4 9] forks A truncated to 4 tokens and runs
+only [9]; keep B = [1 2 3 4 5 6 7 8] then replaces A (A is B's prefix).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class _Streams(Protocol):  # the part of ModelRunner the cache uses
+    def new_stream(self, fork_of: int | None = None) -> int: ...
+    def release(self, stream: int) -> None: ...
+    def truncate(self, stream: int, length: int) -> None: ...
+
+
+class PrefixCache:
+    def __init__(self, streams: _Streams, max_tokens: int = 16384, min_match: int = 16) -> None:
+        if max_tokens < 0 or min_match < 1:
+            raise ValueError(f"max_tokens must be >= 0 and min_match >= 1, got {max_tokens} and {min_match}")
+        self.streams, self.max_tokens, self.min_match = streams, max_tokens, min_match
+        self._entries: OrderedDict[int, np.ndarray] = OrderedDict()  # stream -> its tokens, least recent first
+        self.held_tokens = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def longest(self, tokens: Sequence[int]) -> tuple[int | None, int]:
+        """The entry sharing the longest prefix with ``tokens`` and that prefix's length (None, 0 if none)."""
+        query = np.asarray(tokens, dtype=np.int64)
+        best, best_len = None, 0
+        for sid, held in self._entries.items():
+            n = min(len(held), len(query))
+            differ = np.flatnonzero(held[:n] != query[:n])
+            common = int(differ[0]) if differ.size else n
+            if common > best_len:
+                best, best_len = sid, common
+        return best, best_len
+
+    def fork(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """A new stream holding the KV of the longest cached prefix of ``tokens`` (at least
+        ``min_match`` tokens, else none): (stream, tokens it holds). The caller prefills the rest."""
+        source, length = self.longest(tokens)
+        if source is None or length < self.min_match:
+            return self.streams.new_stream(), 0
+        self._entries.move_to_end(source)
+        sid = self.streams.new_stream(fork_of=source)
+        self.streams.truncate(sid, length)
+        self.hits += 1
+        self.reused_tokens += length
+        return sid, length
+
+    def keep(self, sid: int, tokens: Sequence[int]) -> None:
+        """Take over stream ``sid``, whose KV holds exactly ``tokens``; it is released when evicted."""
+        held = np.asarray(tokens, dtype=np.int64)
+        if self.max_tokens == 0 or len(held) < self.min_match or self._covered(held):
+            self.streams.release(sid)
+            return
+        for other, other_tokens in list(self._entries.items()):  # entries that are prefixes of this one
+            if len(other_tokens) <= len(held) and np.array_equal(held[: len(other_tokens)], other_tokens):
+                self._drop(other)
+        self._entries[sid] = held
+        self.held_tokens += len(held)
+        if self.held_tokens > self.max_tokens:
+            while self._entries and self.held_tokens > self.max_tokens * 3 // 4:
+                self._drop(next(iter(self._entries)))
+
+    def clear(self) -> None:
+        for sid in list(self._entries):
+            self._drop(sid)
+
+    def _covered(self, held: np.ndarray) -> bool:
+        return any(
+            len(other) >= len(held) and np.array_equal(other[: len(held)], held) for other in self._entries.values()
+        )
+
+    def _drop(self, sid: int) -> None:
+        self.held_tokens -= len(self._entries.pop(sid))
+        self.streams.release(sid)

@@ -1,0 +1,127 @@
+"""PrefixCache: which sequences it keeps, which prefix a prompt forks, and what eviction frees — on a
+real FlatKVCache (whose slots carry markers), then end to end: decoding with the cache gives exactly
+the tokens of decoding without it, while skipping the cached part of each prompt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectot.engine.kv_cache import FlatKVCache
+from spectot.engine.prefix_cache import PrefixCache
+from spectot.engine.runner import ModelRunner
+from spectot.spec.decoding import DecodeConfig, Decoder
+from spectot.spec.sampling import SamplingParams
+
+
+def make_stream(cache: FlatKVCache, tokens: list[int], fork_of: int | None = None, shared: int = 0) -> int:
+    """A stream holding ``tokens``: forked from ``fork_of`` for the first ``shared``, the rest written as markers."""
+    sid = cache.new_stream(fork_of)
+    if fork_of is not None:
+        cache.truncate(sid, shared)
+    rest = tokens[shared:]
+    start = cache.reserve(len(rest))
+    slots = torch.arange(start, start + len(rest))
+    cache.buffer[:, slots] = torch.tensor(rest, dtype=cache.dtype)[:, None, None, None]
+    cache.hold(sid, slots)
+    return sid
+
+
+def held_tokens(cache: FlatKVCache, sid: int) -> list[int]:
+    return cache.buffer[0, cache.slots(sid), 0, 0, 0].long().tolist()
+
+
+@pytest.fixture
+def kv() -> FlatKVCache:
+    return FlatKVCache(2, 1, 2, torch.float32, torch.device("cpu"), capacity=8)
+
+
+def test_fork_reuses_the_longest_prefix_and_holds_exactly_it(kv) -> None:
+    prefix = PrefixCache(kv, max_tokens=100, min_match=2)
+    prefix.keep(make_stream(kv, [1, 2, 3, 4, 5, 6]), [1, 2, 3, 4, 5, 6])
+    prefix.keep(make_stream(kv, [1, 2, 7, 8]), [1, 2, 7, 8])
+    sid, n = prefix.fork([1, 2, 3, 4, 9, 9])
+    assert n == 4 and held_tokens(kv, sid) == [1, 2, 3, 4]
+    sid2, n2 = prefix.fork([1, 2, 7, 5])
+    assert n2 == 3 and held_tokens(kv, sid2) == [1, 2, 7]
+    assert (prefix.hits, prefix.reused_tokens) == (2, 7)
+    used = kv.used
+    fresh, n3 = prefix.fork([9, 9, 9])  # no prefix of length >= min_match
+    assert n3 == 0 and kv.length(fresh) == 0 and kv.used == used
+
+
+def test_keep_stores_only_maximal_sequences(kv) -> None:
+    prefix = PrefixCache(kv, max_tokens=100, min_match=2)
+    a = make_stream(kv, [1, 2, 3])
+    prefix.keep(a, [1, 2, 3])
+    b = make_stream(kv, [1, 2, 3, 4, 5], fork_of=a, shared=3)
+    prefix.keep(b, [1, 2, 3, 4, 5])  # a is b's prefix: dropped, its slots live on in b
+    assert len(prefix) == 1 and prefix.held_tokens == 5 and kv.used == 5
+    c = make_stream(kv, [1, 2, 3, 4], fork_of=b, shared=4)
+    prefix.keep(c, [1, 2, 3, 4])  # covered by b: released at once
+    assert len(prefix) == 1 and kv.used == 5
+    prefix.keep(make_stream(kv, [6]), [6])  # shorter than min_match
+    assert len(prefix) == 1 and kv.used == 5
+
+
+def test_eviction_drops_least_recently_used_down_to_three_quarters(kv) -> None:
+    prefix = PrefixCache(kv, max_tokens=10, min_match=2)
+    for first in (10, 20, 30):
+        prefix.keep(make_stream(kv, [first, 1, 2, 3]), [first, 1, 2, 3])
+    # 12 > 10 held: evict the oldest down to 10 * 3 // 4 = 7 -> [10 ...] and [20 ...] go
+    assert prefix.held_tokens == 4 and len(prefix) == 1
+    assert prefix.longest([30, 1, 2, 3])[1] == 4 and prefix.longest([10, 1])[1] == 0
+    assert kv.used == 4  # evicted slots are freed
+    prefix.clear()
+    assert kv.used == 0 and len(prefix) == 0
+
+
+def test_a_recently_used_entry_survives_eviction(kv) -> None:
+    prefix = PrefixCache(kv, max_tokens=12, min_match=2)
+    for first in (10, 20, 30):
+        prefix.keep(make_stream(kv, [first, 1, 2, 3]), [first, 1, 2, 3])
+    kv.release(prefix.fork([10, 1, 2, 9])[0])  # touches [10 ...]
+    prefix.keep(make_stream(kv, [40, 1, 2, 3]), [40, 1, 2, 3])  # 16 > 12: evict down to 9
+    assert prefix.longest([10, 1, 2, 3])[1] == 4 and prefix.longest([40, 1, 2, 3])[1] == 4
+    assert prefix.longest([20, 1, 2, 3])[1] == 0 and prefix.longest([30, 1, 2, 3])[1] == 0
+
+
+def test_bad_limits_are_refused(kv) -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        PrefixCache(kv, max_tokens=-1)
+    with pytest.raises(ValueError, match="min_match"):
+        PrefixCache(kv, min_match=0)
+
+
+# -- end to end: a search's prompts extend what ran before ------------------------------------------
+PROMPT = [3, 17, 42, 8, 21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38, 5, 19, 23]  # 18 tokens: above MIN_SHARED_PREFIX
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
+def test_children_prompts_fork_their_parents_kv_and_decode_identically(tiny_llama, sampling) -> None:
+    """Parent -> its sequence + 2 tokens -> a child prompt: with the cache the child's prompt is mostly
+    reused (hits, reused tokens) and every token equals decoding without any cache (fp32, same seeds)."""
+    target = tiny_llama()
+    config = DecodeConfig(max_new_tokens=12, sampling=sampling)
+
+    def search(cache_tokens: int) -> tuple[list[list[int]], int, int]:
+        decoder = Decoder(ModelRunner(target), prefix_cache_tokens=cache_tokens)
+        outputs, prompt = [], PROMPT
+        with decoder.session([], config) as session:
+            for depth in range(3):
+                streams = session.add([prompt, prompt[:-1] + [44]], config, [depth, depth + 100])
+                session.prefill(streams)
+                while any(s.finish is None for s in streams):
+                    active = [s for s in streams if s.finish is None]
+                    session.verify(active, session.propose(active))
+                outputs += [s.generated for s in streams]
+                prompt = prompt + streams[0].generated + [4, 6]  # the child's prompt extends its parent
+                for s in streams:
+                    session.release(s)
+            return outputs, session.prefix_cache.hits, session.prefix_cache.reused_tokens
+
+    plain, no_hits, _ = search(0)
+    cached, hits, reused = search(4096)
+    assert no_hits == 0
+    assert hits >= 4 and reused >= 4 * len(PROMPT)
+    assert cached == plain
