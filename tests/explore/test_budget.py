@@ -43,6 +43,8 @@ def test_k_total_where_the_curve_flattens() -> None:
     assert k_total_from_curve(concurrency, [10.0, 19.0, 35.0, 33.0, 70.0, 71.0]) == 16
     assert k_total_from_curve(concurrency, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]) == 32  # still rising: the last point
     assert k_total_from_curve([4], [7.0]) == 4
+    # noise past the knee (this machine's measured curve) does not push k_total out to the last point
+    assert k_total_from_curve(concurrency, [9.0, 20.0, 29.0, 30.0, 28.0, 32.0]) == 4
 
 
 def test_k_total_rejects_bad_curves() -> None:

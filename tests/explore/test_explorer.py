@@ -125,6 +125,19 @@ def test_bfs_tree_is_the_same_with_and_without_speculation(algorithm, latency_se
     assert all(r.priority == 0 for r in backend.log if (r.prompt, r.seed) in _primary(plain, backend))
     assert explorer.counters.speculated > 0 and explorer.counters.budget_peak <= 4
     assert budget.in_flight.get(0, 0) == 0  # cancelled and finished speculation gave its budget back
+    assert budget.primary == 0  # every primary expansion was counted out
+
+
+def test_speculation_gets_only_what_primary_work_leaves() -> None:
+    budget = SharedBudget(k_total=4)
+    assert budget.grant(0, wanted=9, kv_reuse=1.0) == 4
+    budget.primary = 3
+    assert budget.grant(0, wanted=9, kv_reuse=1.0) == 1
+    budget.started(0)
+    assert budget.grant(0, wanted=9, kv_reuse=1.0) == 0  # 3 primary + 1 speculative fill k_total
+    budget.primary = 6  # primary work alone past k_total: it never waits, speculation gets nothing
+    budget.finished(0)
+    assert budget.grant(0, wanted=9, kv_reuse=1.0) == 0
 
 
 def _primary(plain, backend):

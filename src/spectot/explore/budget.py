@@ -52,11 +52,12 @@ def allocate(
     return [min(int(cap), math.floor(k_total * s)) for cap, s in zip(capacity, share)]  # min(C_q, floor(k s_q))
 
 
-def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], tolerance: float = 0.05) -> int:
-    """The smallest measured concurrency c_i whose throughput no larger concurrency beats by more than tolerance.
+def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], tolerance: float = 0.1) -> int:
+    """The smallest measured concurrency c_i within ``tolerance`` of the best throughput: min c_i with
+    T_i >= (1 - tolerance) max_j T_j. Past it, more concurrent expansions buy at most that much, which
+    a measured curve's noise (a few percent run to run) cannot tell from flat.
 
-    i.e. min c_i with T_j <= (1 + tolerance) T_i for every j > i: past it, more concurrent expansions buy less than
-    ``tolerance`` more throughput. A curve that keeps rising gives its largest concurrency.
+    Example: T = [9, 20, 29, 30, 28, 32] at c = [1, 2, 4, 8, 16, 32]: 0.9 * 32 = 28.8 -> k_total = 4.
     """
     if len(concurrency) != len(throughput) or not concurrency:
         raise ValueError(
@@ -64,9 +65,7 @@ def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], 
         )
     if any(b <= a for a, b in zip(concurrency, concurrency[1:])):
         raise ValueError(f"concurrency must be strictly increasing, got {list(concurrency)}")
-    if tolerance < 0:
-        raise ValueError(f"tolerance is a relative gain and must be >= 0, got {tolerance}")
-    for i, level in enumerate(throughput):
-        if all(later <= (1 + tolerance) * level for later in throughput[i + 1 :]):
-            return int(concurrency[i])
-    return int(concurrency[-1])  # unreachable: the last point always qualifies
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance is a relative loss in [0, 1), got {tolerance}")
+    best = max(throughput)
+    return next(int(c) for c, t in zip(concurrency, throughput) if t >= (1 - tolerance) * best)

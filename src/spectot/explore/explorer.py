@@ -57,15 +57,22 @@ class SpecCounters:
 
 @dataclass
 class SharedBudget:
-    """The global cap of speculative expansions in flight, shared by every query (SPEX's inter-query
-    budget): each query's share is ``allocate``'s k_q over the queries currently asking."""
+    """The global cap of expansions in flight, shared by every query (SPEX's inter-query budget).
+
+    k_total bounds primary and speculative expansions together: primary work never waits for it, and
+    speculation only gets what primary work leaves free, k_spec = k_total - primary in flight, split
+    between the queries asking with ``allocate``'s k_q. So speculation fills the machine's idle
+    concurrency (a level's stragglers, queries between levels) and never crowds the work the search
+    is waiting for past the point where throughput stops rising.
+    """
 
     k_total: int
     tau: float = 1.0
     reusable_weight: float = 1.0  # S_w: target weights are reused by every expansion alike
     wanted: dict[int, int] = field(default_factory=dict)  # C_q: speculative expansions q could start now
     kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q)
-    in_flight: dict[int, int] = field(default_factory=dict)
+    in_flight: dict[int, int] = field(default_factory=dict)  # speculative expansions running, per query
+    primary: int = 0  # primary expansions running, all queries
     hits: dict[int, int] = field(default_factory=dict)
     speculated: dict[int, int] = field(default_factory=dict)
 
@@ -76,10 +83,11 @@ class SharedBudget:
         capacity = [self.wanted[q] + self.in_flight.get(q, 0) for q in queries]
         # P_q: the query's hit rate so far with a uniform prior (Laplace), so a new query is not starved
         hit_rate = [(self.hits.get(q, 0) + 1) / (self.speculated.get(q, 0) + 2) for q in queries]
+        k_spec = max(0, self.k_total - self.primary)
         shares = allocate(
-            self.k_total, capacity, hit_rate, self.reusable_weight, [self.kv_reuse[q] for q in queries], self.tau
+            k_spec, capacity, hit_rate, self.reusable_weight, [self.kv_reuse[q] for q in queries], self.tau
         )
-        free = self.k_total - sum(self.in_flight.values())
+        free = k_spec - sum(self.in_flight.values())
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
         return max(0, min(mine, free, wanted))
 
@@ -130,7 +138,7 @@ class Explorer:
             return await self.expander.expand(key, priority)
         job = self._jobs.get(key)
         if job is None or job.task.cancelled():
-            job = self._jobs[key] = _Job(asyncio.create_task(self.expander.expand(key, PRIMARY)), False)
+            job = self._jobs[key] = _Job(self._primary(key), False)
         elif job.speculative and not job.used:
             self.counters.hits += 1
             if self.budget is not None:
@@ -224,6 +232,16 @@ class Explorer:
             if key.parent == child.key.parent and _succeeded(job.task)
         ]
         self._speculate_children(siblings, rule, budget, depth_left - 1)
+
+    def _primary(self, key: ChildKey) -> asyncio.Task:
+        task = asyncio.create_task(self.expander.expand(key, PRIMARY))
+        if self.budget is not None:
+            self.budget.primary += 1
+            task.add_done_callback(lambda t: self._primary_done())
+        return task
+
+    def _primary_done(self) -> None:
+        self.budget.primary -= 1
 
     def _launch(self, key: ChildKey) -> asyncio.Task:
         task = asyncio.create_task(self.expander.expand(key, SPECULATIVE))
