@@ -113,7 +113,7 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
 
 def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> dict:
     """Generated tokens per second of the local engine with n requests in flight; k_total is the
-    concurrency past which throughput rises by less than 5 %."""
+    smallest concurrency within 10 % of the best (``k_total_from_curve``)."""
     from spectot.backends.base import CompletionRequest
     from spectot.backends.local import LocalEngineBackend
     from spectot.explore.budget import k_total_from_curve

@@ -1,9 +1,14 @@
 """Native kernels, compiled on first use with torch's extension builder and cached.
 
 ``bf16_linear`` (``bf16_linear.cpp``): a batch-invariant bf16 matmul for x86 CPUs with AVX2 + FMA
-but no native bf16, where the library kernel's cost grows with every input row. Builds land in
-``$SPECTOT_HOME/kernels/<torch version>``; when a build is impossible (no compiler, another CPU)
-callers get None and fall back to ``torch.nn.functional.linear``.
+but no native bf16, where the library kernel's cost grows with every input row.
+
+``tree_attention`` (``tree_attention.cpp``): batch-invariant attention of query rows over CSR lists
+of KV-cache slots (bf16 or fp32, GQA): a row's output depends only on its query and the K/V rows at
+its columns, in order, so a tree forward reproduces the AR step bit for bit without float64.
+
+Builds land in ``$SPECTOT_HOME/kernels/<torch version>``; when a build is impossible (another CPU,
+no compiler or ninja) the loaders return None and callers fall back to torch.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import platform
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,8 +40,9 @@ def cpu_has_native_bf16() -> bool:
     return cpu_has("avx512_bf16") or cpu_has("amx_bf16")
 
 
-@cache  # one build per process; the compiled module is immutable
-def bf16_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+def _build_avx2(source: str, fallback: str) -> Any | None:
+    """The extension module built from ``<source>.cpp`` (AVX2 + FMA, OpenMP), or None with a logged
+    warning naming ``fallback`` when this machine cannot build or run it."""
     if platform.machine() not in ("x86_64", "AMD64") or not cpu_has("avx2", "fma"):
         return None
     from torch.utils.cpp_extension import load
@@ -43,15 +50,34 @@ def bf16_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None],
     build = spectot_home() / "kernels" / torch.__version__.replace("+", "_")
     build.mkdir(parents=True, exist_ok=True)
     try:
-        module = load(
-            name="spectot_bf16_linear",
-            sources=[str(Path(__file__).with_name("bf16_linear.cpp"))],
+        return load(
+            name=f"spectot_{source}",
+            sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
             extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             verbose=False,
         )
     except Exception as err:  # a missing compiler or ninja must not stop decoding
-        logger.warning("could not build the bf16 linear kernel (%s); using torch's bf16 matmul", err)
+        logger.warning("could not build the %s kernel (%s); using %s", source, err, fallback)
         return None
-    return module.bf16_linear
+
+
+@cache  # one build per process; the compiled module is immutable
+def bf16_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+    module = _build_avx2("bf16_linear", "torch's bf16 matmul")
+    return None if module is None else module.bf16_linear
+
+
+@cache  # one build per process; the compiled module is immutable
+def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor] | None:
+    """``tree_attention(q, kv, columns, row_ptr, scale) -> out``, or None where it cannot be built.
+
+    q (H, N, D) and kv (capacity, 2, H_kv, D), contiguous, both bf16 or both fp32, D a multiple of 8,
+    H a multiple of H_kv (query head h reads kv head h // (H // H_kv)); kv[slot, 0] are keys and
+    kv[slot, 1] values. Row r attends to slots columns[row_ptr[r] : row_ptr[r + 1]] (int64, at least
+    one each). Returns out (H, N, D) fp32, out[h, r] = softmax(scale * q[h, r] k^T) v over those slots.
+    Raises RuntimeError on inputs it does not take (the caller falls back to torch).
+    """
+    module = _build_avx2("tree_attention", "torch attention")
+    return None if module is None else module.tree_attention
