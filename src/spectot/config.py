@@ -74,10 +74,16 @@ class ModelOptions:
             "(tree forwards then cost about one token), 'torch' always uses torch's"
         ),
     )
+    prefix_cache: int = field(
+        default=16384,
+        **opt("KV tokens of finished sequences kept so later prompts that extend them skip that prefill (0 = off)"),
+    )
 
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ValueError(f"--threads must be >= 0, got {self.threads}")
+        if self.prefix_cache < 0:
+            raise ValueError(f"--prefix-cache must be >= 0 tokens, got {self.prefix_cache}")
 
 
 @dataclass(frozen=True)

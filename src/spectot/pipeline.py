@@ -120,6 +120,7 @@ class Pipeline:
         proposer: Proposer | None = None,
         chat_template: bool = True,
         kernels: Kernels = "auto",
+        prefix_cache: int = 16384,
     ) -> None:
         self.target = target
         self.runner = ModelRunner(target.model, max_context=target.max_context, kernels=kernels)
@@ -131,6 +132,7 @@ class Pipeline:
             target.eos_token_ids,
             proposer,
             detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            prefix_cache_tokens=prefix_cache,
         )
 
     @classmethod
@@ -157,7 +159,9 @@ class Pipeline:
             torch.set_num_threads(model.threads)
         target = load_model(model.target, dtype=model.dtype)
         proposer = make_proposer(draft, target, model)
-        return cls(target, proposer, chat_template=model.chat_template, kernels=model.kernels)
+        return cls(
+            target, proposer, chat_template=model.chat_template, kernels=model.kernels, prefix_cache=model.prefix_cache
+        )
 
     def encode(self, prompt: str) -> list[int]:
         tokenizer = self.target.tokenizer
@@ -221,7 +225,13 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     from spectot.schedulers.serial import SerialEngine
 
     def decoder(proposer: Proposer | None) -> Decoder:
-        return Decoder(pipe.runner, pipe.target.eos_token_ids, proposer, pipe.decoder.detokenize)
+        return Decoder(
+            pipe.runner,
+            pipe.target.eos_token_ids,
+            proposer,
+            pipe.decoder.detokenize,
+            prefix_cache_tokens=pipe.decoder.prefix_cache_tokens,
+        )
 
     if name in ("ar", "batched-ar"):
         engine = SerialEngine(decoder(None), "ar") if name == "ar" else BatchedEngine(decoder(None), "batched-ar")

@@ -50,6 +50,8 @@ class EngineCounters:
     finished: int = 0
     cancelled: int = 0
     max_live: int = 0  # the most streams one forward carried
+    prompt_tokens: int = 0  # of admitted requests
+    prompt_tokens_cached: int = 0  # of those, forked from the prefix cache instead of prefilled
 
 
 class ContinuousEngine:
@@ -149,6 +151,8 @@ class ContinuousEngine:
         self.counters.admitted += len(new)
         if new:
             session.prefill(new)
+            self.counters.prompt_tokens += sum(len(s.prompt) for s in new)
+            self.counters.prompt_tokens_cached = session.prefix_cache.reused_tokens
             self._update(session, live, streams, new, {s.key: 0 for s in new})
         active = [s for s in streams.values() if s.finish is None]
         if not active:
