@@ -1,12 +1,14 @@
-"""spectot's AVX2 bf16 linear kernel: accurate, and batch-invariant bit for bit (the property that
-lets a tree forward reproduce the AR step exactly in bf16)."""
+"""spectot's AVX2 kernels (bf16 linear, tree attention): accurate, and batch-invariant bit for bit
+(the property that lets a tree forward reproduce the AR step exactly in bf16)."""
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 import pytest
 import torch
 
-from spectot.engine.kernels import bf16_linear
+from spectot.engine.kernels import bf16_linear, tree_attention
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.decoding import DecodeConfig, Decoder
@@ -69,3 +71,103 @@ def test_bf16_greedy_sd_equals_ar(tiny_model) -> None:
     sd = decoder.generate(prompts, DecodeConfig(max_new_tokens=40, method="sd", num_draft_tokens=4))
     assert [r.token_ids for r in sd] == [r.token_ids for r in ar]
     assert sum(r.stats.accepted for r in sd) > 0  # the drafts were exercised
+
+
+# -- tree attention ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attention():
+    kernel = tree_attention()
+    if kernel is None:
+        pytest.skip("the tree attention kernel needs an x86 CPU with AVX2 + FMA and a C++ toolchain")
+    return kernel
+
+
+def csr_layout(lengths: list[int], capacity: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row r attends to lengths[r] distinct random slots in shuffled order: lengths [2, 3] might give
+    columns = [7, 1 | 4, 0, 9] and row_ptr = [0, 2, 5]."""
+    columns = torch.cat([torch.randperm(capacity, generator=gen)[:n] for n in lengths])
+    return columns, torch.tensor([0, *accumulate(lengths)])
+
+
+def reference_attention(q, kv, columns, row_ptr, scale: float) -> torch.Tensor:
+    """softmax(scale q k^T) v in float64 over each row's gathered slots -> (H, N, D)."""
+    heads, rows, _ = q.shape
+    group = heads // kv.shape[2]
+    out = []
+    for r in range(rows):
+        slots = columns[row_ptr[r] : row_ptr[r + 1]]
+        k, v = kv[slots].double().repeat_interleave(group, 2).unbind(1)  # (L, H, D) each
+        weights = (torch.einsum("hd,lhd->hl", q[:, r].double(), k) * scale).softmax(-1)
+        out.append(torch.einsum("hl,lhd->hd", weights, v))
+    return torch.stack(out, 1)
+
+
+def random_problem(heads: int, kv_heads: int, dim: int, lengths: list[int], dtype: torch.dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    capacity = max(lengths) + 50
+    q = (3 * torch.randn(heads, len(lengths), dim, generator=gen)).to(dtype)  # x3: peaked softmaxes too
+    kv = torch.randn(capacity, 2, kv_heads, dim, generator=gen).to(dtype)
+    return q, kv, *csr_layout(lengths, capacity, gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(2, 2, 8), (9, 3, 64), (10, 2, 40), (4, 1, 24)])
+@pytest.mark.parametrize("sharpness", [1.0, 30.0])  # 30: most exp(s - max) underflow to 0
+def test_tree_attention_matches_float64_reference(
+    attention, dtype, heads: int, kv_heads: int, dim: int, sharpness: float
+) -> None:
+    lengths = [1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 100]
+    q, kv, columns, row_ptr = random_problem(heads, kv_heads, dim, lengths, dtype, seed=dim + heads)
+    scale = sharpness * dim**-0.5
+    out = attention(q, kv, columns, row_ptr, scale)
+    assert out.dtype == torch.float32 and out.shape == (heads, len(lengths), dim)
+    # bf16 inputs are exact in fp32, so both dtypes see only fp32 rounding against the float64 result
+    ref = reference_attention(q, kv, columns, row_ptr, scale)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_attention_row_is_computed_as_if_alone(attention, dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.randint(1, 120, (40,), generator=gen).tolist()
+    q, kv, columns, row_ptr = random_problem(9, 3, 64, lengths, dtype, seed=7)
+    batched = attention(q, kv, columns, row_ptr, 0.125)
+    threads = torch.get_num_threads()
+    try:  # which thread owns a row must not matter either
+        torch.set_num_threads(1)
+        assert torch.equal(attention(q, kv, columns, row_ptr, 0.125), batched)
+    finally:
+        torch.set_num_threads(threads)
+    for r in range(len(lengths)):
+        slots = columns[row_ptr[r] : row_ptr[r + 1]]
+        alone = attention(q[:, r : r + 1].contiguous(), kv, slots, torch.tensor([0, len(slots)]), 0.125)
+        assert torch.equal(alone[:, 0], batched[:, r])
+        # the same K/V rows at other slots of a differently sized cache give the same bits
+        moved = torch.randn(len(slots) + 300, *kv.shape[1:], generator=gen).to(dtype)
+        new_slots = torch.randperm(len(moved), generator=gen)[: len(slots)]
+        moved[new_slots] = kv[slots]
+        relocated = attention(q[:, r : r + 1].contiguous(), moved, new_slots, torch.tensor([0, len(slots)]), 0.125)
+        assert torch.equal(relocated[:, 0], batched[:, r])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(q=torch.zeros(2, 3, 16, dtype=torch.float64), kv=torch.zeros(9, 2, 1, 16, dtype=torch.float64)), "dtype"),
+        (dict(q=torch.zeros(2, 3, 16, dtype=torch.bfloat16)), "share a dtype"),
+        (dict(q=torch.zeros(2, 3, 12), kv=torch.zeros(9, 2, 1, 12)), "multiple of 8"),
+        (dict(row_ptr=torch.tensor([0, 1, 3])), "N \\+ 1"),
+        (dict(row_ptr=torch.tensor([0, 1, 1, 3])), "no columns"),
+        (dict(columns=torch.tensor([0, 1, 9])), "outside the cache"),
+        (dict(columns=torch.tensor([0, 1, 2], dtype=torch.int32)), "int64"),
+        (dict(kv=torch.zeros(9, 2, 3, 16)), "multiple of 3 kv heads"),
+    ],
+)
+def test_tree_attention_rejects_bad_input(attention, change: dict, message: str) -> None:
+    args = dict(q=torch.zeros(2, 3, 16), kv=torch.zeros(9, 2, 1, 16), columns=torch.tensor([0, 1, 2]))
+    args["row_ptr"] = torch.tensor([0, 1, 2, 3])
+    args.update(change)
+    with pytest.raises(RuntimeError, match=message):
+        attention(args["q"], args["kv"], args["columns"], args["row_ptr"], 0.25)

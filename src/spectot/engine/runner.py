@@ -93,6 +93,16 @@ def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) 
     return kernel
 
 
+def pick_attention_kernel(dtype: torch.dtype, device: torch.device, head_dim: int) -> Callable | None:
+    """spectot's native batch-invariant attention (``kernels/tree_attention.cpp``: exact by
+    construction, no float64) where it builds, else None: the runner's batched float64 path."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32) or head_dim % 8:
+        return None
+    from spectot.engine.kernels import tree_attention
+
+    return tree_attention()
+
+
 class ContextOverflowError(ValueError):
     """A stream would grow past the model's context."""
 
@@ -174,6 +184,14 @@ class StreamTree:
 class ForwardOutput:
     logits: list[torch.Tensor]  # per stream tree: (n_s, V) float32 on the host; (r_s, V) for the requested rows
     hidden: list[torch.Tensor] | None  # per stream tree: (n_s, H) at the chosen layer
+
+
+@dataclass(frozen=True)
+class _RowColumns:
+    """The native kernel's layout: row r of the forward attends to columns[row_ptr[r] : row_ptr[r + 1]]."""
+
+    columns: torch.Tensor  # (total,) cache slots
+    row_ptr: torch.Tensor  # (N + 1,)
 
 
 ATTENTION_BATCH_CELLS = 1 << 21  # padded (B x n x S) cells one attention batch may hold (x H doubles)
@@ -264,6 +282,7 @@ class ModelRunner:
         self._linear = pick_linear(self.dtype, self.device, kernels)
         self._attend = batch_invariant_attention if exact_attention else fused_attention
         self._attention_dtype = torch.float64 if exact_attention else self.dtype
+        self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim) if exact_attention else None
 
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
@@ -312,7 +331,7 @@ class ModelRunner:
         tokens = torch.cat([st.tree.tokens for st in trees]).to(self.device)
         embeds = self._embeds(trees, tokens)
         positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
-        batches = self._batches(trees, offsets, start)
+        layout = self._row_columns(trees, offsets, start) if self._kernel else self._batches(trees, offsets, start)
         if last_only:
             logit_rows = [[n - 1] for n in sizes]
         rows = (
@@ -325,7 +344,7 @@ class ModelRunner:
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
         with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
-            logits, hidden = self._run(embeds, positions, batches, start, rows, hidden_index)
+            logits, hidden = self._run(embeds, positions, layout, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
         per_stream = list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
@@ -340,6 +359,21 @@ class ModelRunner:
             return x
         parts = x.split([len(st.tree) for st in trees])
         return torch.cat([p if st.embeds is None else st.embeds.to(p) for p, st in zip(parts, trees)])
+
+    def _row_columns(self, trees: Sequence[StreamTree], offsets: list[int], start: int) -> _RowColumns:
+        """Each new row's cache columns in path order: its stream's slots, then its tree ancestors'
+        new slots (itself last) -- the very sequence the AR step for that token would read."""
+        values, counts = [], []
+        for st, o in zip(trees, offsets):
+            n = len(st.tree)
+            old = self.cache.slots(st.stream)
+            columns = torch.cat([old.expand(n, -1), torch.arange(start + o, start + o + n).expand(n, -1)], 1)
+            visible = torch.cat([torch.ones(n, old.numel(), dtype=torch.bool), st.tree.ancestors], 1)
+            values.append(columns[visible])  # row-major: row by row, columns in order
+            counts.append(visible.sum(1))
+        row_ptr = torch.zeros(sum(len(c) for c in counts) + 1, dtype=torch.int64)
+        torch.cumsum(torch.cat(counts), 0, out=row_ptr[1:])
+        return _RowColumns(torch.cat(values).to(self.device), row_ptr.to(self.device))
 
     def _batches(self, trees: Sequence[StreamTree], offsets: list[int], start: int) -> list[_AttentionBatch]:
         """The streams of a forward in consecutive attention batches: per stream, its rows, the cache
@@ -372,7 +406,7 @@ class ModelRunner:
         self,
         embeds: torch.Tensor,  # (N, H)
         positions: torch.Tensor,  # (N,)
-        batches: list[_AttentionBatch],
+        layout: _RowColumns | list[_AttentionBatch],
         start: int,
         rows: torch.Tensor | None,
         hidden_index: int | None,
@@ -382,7 +416,7 @@ class ModelRunner:
         cos, sin = self._rotary(x, positions[None])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
-            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, batches, start)
+            x = x + self._attention(i, layer, layer.input_norm(x), cos, sin, layout, start)
             gate, up = linear(layer.post_norm(x), layer.gate_up_weight, layer.gate_up_bias).chunk(2, -1)
             x = x + linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)  # SwiGLU MLP
             if hidden_index == i + 1 < len(self._layers):
@@ -402,7 +436,7 @@ class ModelRunner:
         x: torch.Tensor,  # (1, N, H)
         cos: torch.Tensor,
         sin: torch.Tensor,
-        batches: list[_AttentionBatch],
+        layout: _RowColumns | list[_AttentionBatch],
         start: int,
     ) -> torch.Tensor:
         n_rows = x.shape[1]
@@ -417,9 +451,12 @@ class ModelRunner:
         new[:, 0] = k[0].transpose(0, 1)
         new[:, 1] = v[0]
         kv = self.cache.buffer[index]  # (capacity, 2, H_kv, D)
+        if isinstance(layout, _RowColumns):  # the native kernel reads each row's slots in place
+            out = self._kernel(q[0].contiguous(), kv, layout.columns, layout.row_ptr, layer.scaling)
+            return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o_weight, layer.o_bias)
         group = q.shape[1] // self.num_kv_heads
         parts = []
-        for batch in batches:  # each stream attends only to its own slots
+        for batch in layout:  # each stream attends only to its own slots
             b, n, s = batch.mask.shape
             queries = q[0][:, batch.rows].view(self.num_kv_heads, group, b, n, -1).transpose(1, 2)
             keys_values = kv.index_select(0, batch.columns).view(b, s, *kv.shape[1:]).permute(2, 3, 0, 1, 4)

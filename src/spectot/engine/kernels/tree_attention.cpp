@@ -1,0 +1,332 @@
+// Batch-invariant attention over CSR column lists (tree / ragged attention) for AVX2 + FMA CPUs.
+//
+// out[h, r] = sum_j p_j v[c_j],  p_j = exp(s_j - max_i s_i) / sum_i exp(s_i - max_i s_i),
+// s_j = scale * q[h, r] . k[c_j],  c_j = columns[row_ptr[r] + j],
+// for query head h and its kv head h / G (GQA, G = H / H_kv); q, K, V in bf16 or fp32, math in fp32.
+//
+// Worked layout: rows x, y of one stream and z of a fork (slots as in runner.py) give
+// columns = [0 1 2 3 4 7 | 0 1 2 3 4 7 8 | 0 1 2 3 4 5 6 9], row_ptr = [0, 6, 13, 21].
+//
+// Why: a fused kernel's result for a row depends on the other rows and on how the columns are
+// blocked. Here every (row, head) is one fixed sequential computation over its own columns:
+//   scores: 8 fp32 lanes over d mod 8 (FMA chain over d blocks), then a fixed horizontal sum;
+//   softmax: max over the columns, exp lane-wise in fp32 (exp8), sum of exp in column order in double;
+//   output: acc[d] = fma(p_j, v[c_j, d], acc[d]) in column order, vectorised over d only.
+// Tiling (several heads or columns per register tile) and threading (which thread owns a row) never
+// change that order, so a row's output depends only on q[h, r], scale and the K/V rows at its
+// columns, in order: not on the batch, the number of rows, the thread count or the slot numbers.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// load8 / to_float as bf16_linear.cpp's load_bf16x8 / bf16_to_float (that file's helpers are private).
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const uint16_t* p) {  // 8 bf16 -> 8 fp32, exact
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float to_float(float f) { return f; }
+
+inline float to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The fixed horizontal sum of one accumulator a: s_i = a_i + a_{i+4}, then (s0 + s1) + (s2 + s3);
+// paired as _mm_hadd_ps pairs, so that hsum4 reduces four accumulators in exactly this order.
+inline float hsum(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+
+// hsum of four accumulators at once, [hsum(a), hsum(b), hsum(c), hsum(d)], in the same order.
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ac = _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31));
+  const __m256 bd = _mm256_add_ps(_mm256_permute2f128_ps(b, d, 0x20), _mm256_permute2f128_ps(b, d, 0x31));
+  const __m256 pairs = _mm256_hadd_ps(ac, bd);  // [a01 a23 b01 b23 | c01 c23 d01 d23]
+  return _mm_hadd_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
+// exp(x) per lane: x = n ln2 + r (n = round(x / ln2), ln2 in two parts, |r| <= ln2 / 2),
+// exp(r) = 1 + r + r^2 (1/2 + r/6 + ...) (Cephes' degree-5 fit, ~1 ulp), times 2^n by exponent
+// arithmetic (x <= 88); 0 below -87.3 (2^n would underflow), so exp(-inf) = 0; NaN stays NaN.
+// Lane-wise, so an element's result does not depend on its neighbours.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));  // x second: a NaN passes through
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
+}
+
+// One inputs view; kv is slot-major (capacity, 2, H_kv, D): keys at [slot, 0], values at [slot, 1].
+template <typename T>
+struct Problem {
+  const T* q;              // (H, N, D)
+  const T* kv;             // (capacity, 2, H_kv, D)
+  const int64_t* columns;  // (total,)
+  const int64_t* row_ptr;  // (N + 1,)
+  float* out;              // (H, N, D)
+  int64_t H, N, H_kv, D;
+  float scale;
+};
+
+// s[g * ld + j] = scale * dot(q[g], k[j]) for GB query heads and JB key rows (GB*JB accumulators).
+// Each dot: one FMA chain over the d blocks, then hsum; the same for every tile shape.
+template <int GB, int JB, typename T>
+inline __attribute__((always_inline)) void score_tile(const float* q, int64_t D, const T* const* k, float scale,
+                                                      float* s, int64_t ld) {
+  __m256 acc[GB][JB];
+#pragma GCC unroll 4
+  for (int g = 0; g < GB; ++g)
+#pragma GCC unroll 4
+    for (int j = 0; j < JB; ++j) acc[g][j] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 qv[GB];
+#pragma GCC unroll 4
+    for (int g = 0; g < GB; ++g) qv[g] = _mm256_loadu_ps(q + g * D + d);
+#pragma GCC unroll 4
+    for (int j = 0; j < JB; ++j) {
+      const __m256 kv = load8(k[j] + d);
+#pragma GCC unroll 4
+      for (int g = 0; g < GB; ++g) acc[g][j] = _mm256_fmadd_ps(qv[g], kv, acc[g][j]);
+    }
+  }
+  if constexpr (JB == 4) {
+    for (int g = 0; g < GB; ++g)
+      _mm_storeu_ps(s + g * ld, _mm_mul_ps(hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm_set1_ps(scale)));
+  } else {
+    for (int g = 0; g < GB; ++g)
+      for (int j = 0; j < JB; ++j) s[g * ld + j] = hsum(acc[g][j]) * scale;
+  }
+}
+
+// Scores of GB heads against all L key rows: 4 rows per tile, then one at a time.
+template <int GB, typename T>
+void score_heads(const float* q, int64_t D, const T* const* k, int64_t L, float scale, float* s, int64_t ld) {
+  int64_t j = 0;
+  for (; j + 4 <= L; j += 4) score_tile<GB, 4>(q, D, k + j, scale, s + j, ld);
+  for (; j < L; ++j) score_tile<GB, 1>(q, D, k + j, scale, s + j, ld);
+}
+
+// out[g][d] = (sum_j p[g * ld + j] * v[j][d]) / den[g] for GB heads and DB d blocks of 8, the sum
+// as one FMA chain per element in column order; covers dims [offset, offset + 8 * DB) of each row.
+template <int GB, int DB, typename T>
+inline __attribute__((always_inline)) void value_tile(const float* p, int64_t ld, const T* const* v, int64_t offset,
+                                                      int64_t L, const float* den, float* out, int64_t out_stride) {
+  __m256 acc[GB][DB];
+#pragma GCC unroll 4
+  for (int g = 0; g < GB; ++g)
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) acc[g][b] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < L; ++j) {
+    __m256 pj[GB];
+#pragma GCC unroll 4
+    for (int g = 0; g < GB; ++g) pj[g] = _mm256_set1_ps(p[g * ld + j]);
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) {
+      const __m256 vv = load8(v[j] + offset + 8 * b);
+#pragma GCC unroll 4
+      for (int g = 0; g < GB; ++g) acc[g][b] = _mm256_fmadd_ps(pj[g], vv, acc[g][b]);
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    const __m256 dg = _mm256_set1_ps(den[g]);
+    for (int b = 0; b < DB; ++b) _mm256_storeu_ps(out + g * out_stride + offset + 8 * b, _mm256_div_ps(acc[g][b], dg));
+  }
+}
+
+// Weighted values of GB heads over all d: 4 blocks (32 dims) per tile, then one block at a time.
+template <int GB, typename T>
+void value_heads(const float* p, int64_t ld, const T* const* v, int64_t L, int64_t D, const float* den, float* out,
+                 int64_t out_stride) {
+  int64_t d = 0;
+  for (; d + 32 <= D; d += 32) value_tile<GB, 4>(p, ld, v, d, L, den, out, out_stride);
+  for (; d < D; d += 8) value_tile<GB, 1>(p, ld, v, d, L, den, out, out_stride);
+}
+
+// For GB heads (scores s[g * ld + j], j < L, ld a multiple of 8): p_j = exp(s_j - max_i s_i) in
+// place, and den[g] = sum_j p_j accumulated in column order in double (the heads' chains interleave).
+// exp8 runs on whole blocks of 8, the padding included, so every column takes the same path.
+template <int GB>
+void softmax_numerators(float* s, int64_t ld, int64_t L, float* den) {
+  const int64_t L8 = (L + 7) / 8 * 8;
+  for (int g = 0; g < GB; ++g) {
+    float* sg = s + g * ld;
+    std::fill(sg + L, sg + L8, -INFINITY);
+    __m256 m8 = _mm256_loadu_ps(sg);  // max is exact, so lanes may take it in any order
+    for (int64_t j = 8; j < L8; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(sg + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1))));
+    for (int64_t j = 0; j < L8; j += 8) _mm256_storeu_ps(sg + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), m)));
+  }
+  double sum[GB] = {};
+  for (int64_t j = 0; j < L; ++j)
+#pragma GCC unroll 4
+    for (int g = 0; g < GB; ++g) sum[g] += s[g * ld + j];
+  for (int g = 0; g < GB; ++g) den[g] = static_cast<float>(sum[g]);
+}
+
+// Up to 3 query heads of one kv head for one row: scores, softmax, weighted values. GB*4
+// accumulators per tile, so each K/V block loaded is used for all GB heads from registers.
+template <int GB, typename T>
+void attend_heads(const float* q, int64_t D, const T* const* k, const T* const* v, int64_t L, float scale, float* s,
+                  int64_t ld, float* out, int64_t out_stride) {
+  float den[GB];
+  score_heads<GB>(q, D, k, L, scale, s, ld);
+  softmax_numerators<GB>(s, ld, L, den);
+  value_heads<GB>(s, ld, v, L, D, den, out, out_stride);
+}
+
+// Scratch one thread reuses across its tasks.
+struct Scratch {
+  std::vector<float> q;        // (G, D) the group's query rows in fp32
+  std::vector<float> s;        // (3, ld) scores, then softmax numerators, of up to 3 heads
+  std::vector<const void*> k;  // (L,) key row pointers
+  std::vector<const void*> v;  // (L,) value row pointers
+};
+
+// One (row r, kv head hk) task: the G query heads hk*G .. hk*G+G-1 of row r, 3 at a time.
+template <typename T>
+void attend_group(const Problem<T>& pb, int64_t r, int64_t hk, Scratch& scratch) {
+  const int64_t G = pb.H / pb.H_kv, D = pb.D, N = pb.N;
+  const int64_t first = pb.row_ptr[r], L = pb.row_ptr[r + 1] - first, ld = (L + 7) / 8 * 8;
+  const int64_t slot_stride = 2 * pb.H_kv * D;
+  float* q = scratch.q.data();
+  for (int64_t g = 0; g < G; ++g) {
+    const T* src = pb.q + ((hk * G + g) * N + r) * D;
+    for (int64_t d = 0; d < D; ++d) q[g * D + d] = to_float(src[d]);
+  }
+  const T** k = reinterpret_cast<const T**>(scratch.k.data());
+  const T** v = reinterpret_cast<const T**>(scratch.v.data());
+  for (int64_t j = 0; j < L; ++j) {
+    const T* slot = pb.kv + pb.columns[first + j] * slot_stride;
+    k[j] = slot + hk * D;
+    v[j] = slot + (pb.H_kv + hk) * D;
+  }
+  float* s = scratch.s.data();
+  float* out = pb.out + (hk * G * N + r) * D;  // query head hk*G + g at out + g * N * D
+  for (int64_t g = 0; g < G; g += 3) {
+    const float* qg = q + g * D;
+    float* og = out + g * N * D;
+    switch (std::min<int64_t>(3, G - g)) {
+      case 3: attend_heads<3>(qg, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+      case 2: attend_heads<2>(qg, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+      default: attend_heads<1>(qg, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+    }
+  }
+}
+
+// Task t = r * H_kv + hk costs about its row's column count. Split [0, N*H_kv) into `parts`
+// contiguous ranges of about equal cost (causal prefill rows grow linearly, so equal task counts
+// would leave one thread with most of the work). Affects only which thread runs a task.
+std::vector<int64_t> balanced_bounds(const int64_t* row_ptr, int64_t N, int64_t H_kv, int64_t parts) {
+  const int64_t tasks = N * H_kv;
+  const double total = static_cast<double>(row_ptr[N]) * H_kv;
+  std::vector<int64_t> bounds(parts + 1, tasks);
+  bounds[0] = 0;
+  int64_t t = 0;
+  double done = 0.0;  // cost of tasks [0, t)
+  for (int64_t p = 1; p < parts; ++p) {
+    const double target = total * p / parts;
+    while (t < tasks && done < target) {
+      done += static_cast<double>(row_ptr[t / H_kv + 1] - row_ptr[t / H_kv]);
+      ++t;
+    }
+    bounds[p] = t;
+  }
+  return bounds;
+}
+
+template <typename T>
+void run(const Problem<T>& pb, int64_t max_len) {
+  const int64_t G = pb.H / pb.H_kv;
+  const int64_t tasks = pb.N * pb.H_kv;
+  const int64_t parts = std::min<int64_t>(tasks, 4 * at::get_num_threads());
+  const auto bounds = balanced_bounds(pb.row_ptr, pb.N, pb.H_kv, parts);
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch{std::vector<float>(G * pb.D), std::vector<float>(3 * ((max_len + 7) / 8 * 8)),
+                    std::vector<const void*>(max_len), std::vector<const void*>(max_len)};
+    for (int64_t part = begin; part < end; ++part)
+      for (int64_t t = bounds[part]; t < bounds[part + 1]; ++t) attend_group(pb, t / pb.H_kv, t % pb.H_kv, scratch);
+  });
+}
+
+}  // namespace
+
+torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor columns, torch::Tensor row_ptr,
+                             double scale) {
+  TORCH_CHECK(q.device().is_cpu() && kv.device().is_cpu() && columns.device().is_cpu() && row_ptr.device().is_cpu(),
+              "tree_attention: all tensors must be on the CPU");
+  TORCH_CHECK(q.dim() == 3, "tree_attention: q must be (H, N, D), got ", q.sizes());
+  TORCH_CHECK(kv.dim() == 4 && kv.size(1) == 2, "tree_attention: kv must be (capacity, 2, H_kv, D), got ", kv.sizes());
+  TORCH_CHECK(q.scalar_type() == kv.scalar_type(), "tree_attention: q and kv must share a dtype, got ",
+              q.scalar_type(), " and ", kv.scalar_type());
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kFloat32,
+              "tree_attention: dtype must be bfloat16 or float32, got ", q.scalar_type());
+  TORCH_CHECK(q.is_contiguous() && kv.is_contiguous(), "tree_attention: q and kv must be contiguous");
+  const int64_t H = q.size(0), N = q.size(1), D = q.size(2), H_kv = kv.size(2), capacity = kv.size(0);
+  TORCH_CHECK(kv.size(3) == D, "tree_attention: q has head dim ", D, " but kv has ", kv.size(3));
+  TORCH_CHECK(D > 0 && D % 8 == 0, "tree_attention: head dim must be a positive multiple of 8, got ", D);
+  TORCH_CHECK(H_kv > 0 && H % H_kv == 0, "tree_attention: ", H, " query heads are not a multiple of ", H_kv,
+              " kv heads");
+  TORCH_CHECK(columns.scalar_type() == torch::kInt64 && row_ptr.scalar_type() == torch::kInt64,
+              "tree_attention: columns and row_ptr must be int64");
+  TORCH_CHECK(columns.dim() == 1 && columns.is_contiguous() && row_ptr.dim() == 1 && row_ptr.is_contiguous(),
+              "tree_attention: columns and row_ptr must be contiguous 1-D tensors");
+  TORCH_CHECK(row_ptr.numel() == N + 1, "tree_attention: row_ptr must have N + 1 = ", N + 1, " entries, got ",
+              row_ptr.numel());
+  const int64_t* rp = row_ptr.data_ptr<int64_t>();
+  const int64_t* cols = columns.data_ptr<int64_t>();
+  TORCH_CHECK(rp[0] == 0 && rp[N] == columns.numel(), "tree_attention: row_ptr must run from 0 to len(columns) = ",
+              columns.numel(), ", got ", rp[0], " .. ", rp[N]);
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    TORCH_CHECK(rp[r + 1] > rp[r], "tree_attention: row ", r, " attends to no columns");
+    max_len = std::max(max_len, rp[r + 1] - rp[r]);
+  }
+  for (int64_t i = 0; i < columns.numel(); ++i)
+    TORCH_CHECK(cols[i] >= 0 && cols[i] < capacity, "tree_attention: column ", cols[i], " is outside the cache (",
+                capacity, " slots)");
+
+  auto out = torch::empty({H, N, D}, q.options().dtype(torch::kFloat32));
+  if (N == 0) return out;
+  float* op = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  if (q.scalar_type() == torch::kFloat32) {
+    run(Problem<float>{q.data_ptr<float>(), kv.data_ptr<float>(), cols, rp, op, H, N, H_kv, D, s}, max_len);
+  } else {
+    auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    run(Problem<uint16_t>{bits(q), bits(kv), cols, rp, op, H, N, H_kv, D, s}, max_len);
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tree_attention", &tree_attention, "batch-invariant attention over CSR columns (AVX2)");
+}
