@@ -434,7 +434,9 @@ class TreeSearchOptions:
         default="self_eval", **opt("reward of a new state: the task's self-evaluation prompt, or exp(mean logprob)")
     )
     explore: Literal["none", "spex"] = field(default="none", **opt("SPEX speculative exploration on or off"))
-    k_total: int = field(default=8, **opt("SPEX: speculative expansions in flight over all queries"))
+    k_total: int = field(
+        default=8, **opt("SPEX: expansions in flight over all queries, primary + speculative (bench spex measures it)")
+    )
     lookahead: int = field(default=2, **opt("SPEX BFS: layers expanded ahead"))
     early_stop: bool = field(default=False, **opt("stop a query once the weighted vote is settled (SPEX)"))
     min_answers: int = field(default=4, **opt("early stop: answers needed first (t)"))

@@ -5,8 +5,8 @@ For each task (GSM8K, MATH-500), search (REBASE, rStar), queries in flight (1 / 
 speculative decoding inside every expansion), ``spex+sd`` (both) — the same questions run with the
 same seeds on one loaded target: questions per minute, accuracy, speculation hit / saving rates and
 wasted tokens, and the speedup over ``plain`` at the same concurrency. Before the table, the local
-engine's throughput is measured at rising concurrency; k_total (SPEX's global speculation budget) is
-where it stops rising. Finally one cell runs again through ``spectot serve`` + the OpenAI backend
+engine's throughput is measured at rising concurrency; k_total (SPEX's global cap on expansions in
+flight) is the most requests that still run at nearly solo speed. Finally one cell runs again through ``spectot serve`` + the OpenAI backend
 over loopback, to show the remote path gives the same answers. Every cell is one record (appended as
 it finishes), so an interrupted run resumes.
 """
@@ -24,6 +24,7 @@ import torch
 
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records
+from spectot.explore.budget import k_total_from_curve
 from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 
 VARIANTS = {"plain": ("none", "ar"), "spex": ("spex", "ar"), "sd": ("none", "sd"), "spex+sd": ("spex", "sd")}
@@ -59,7 +60,7 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     if curve is None:
         curve = measure_concurrency(pipe)
         append_record(out / "records.jsonl", config_key, ("concurrency",), curve, records)
-    k_total = curve["k_total"]
+    k_total = k_total_from_curve(curve["concurrency"], curve["tokens_per_second"])
 
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
     todo = [c for c in cells if c not in records]
@@ -74,7 +75,7 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
             run = run_tree_solve(
                 SearchOptions(search=search), options, solve, backend, report=lambda *a: bar.advance(job)
             )
-            value = {**run.summary(), "answers": {r["id"]: r["answer"] for r in run.records}}
+            value = {**run.summary(), "k_total": k_total, "answers": {r["id"]: r["answer"] for r in run.records}}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant), value, records)
             write_results(out, records, cells, config_key)  # the table so far: an interrupted run still has one
     remote = records.get(("remote",))
@@ -113,10 +114,9 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
 
 def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> dict:
     """Generated tokens per second of the local engine with n requests in flight; k_total is the
-    smallest concurrency within 10 % of the best (``k_total_from_curve``)."""
+    largest one whose requests still run at nearly solo speed (``k_total_from_curve``)."""
     from spectot.backends.base import CompletionRequest
     from spectot.backends.local import LocalEngineBackend
-    from spectot.explore.budget import k_total_from_curve
 
     prompt = "Write a short story about a robot who learns to paint."
 
@@ -181,7 +181,10 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
             f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {r['stopped_early']} |"
         )
     conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
-    lines += ["", f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {curve['k_total']}."]
+    lines += [
+        "",
+        f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {k_total_from_curve(curve['concurrency'], curve['tokens_per_second'])}.",
+    ]
     if remote is not None:
         lines.append(
             f"Remote path ({remote['task']}, {remote['search']}, {remote['questions']} questions through "

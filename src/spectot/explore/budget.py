@@ -52,12 +52,16 @@ def allocate(
     return [min(int(cap), math.floor(k_total * s)) for cap, s in zip(capacity, share)]  # min(C_q, floor(k s_q))
 
 
-def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], tolerance: float = 0.1) -> int:
-    """The smallest measured concurrency c_i within ``tolerance`` of the best throughput: min c_i with
-    T_i >= (1 - tolerance) max_j T_j. Past it, more concurrent expansions buy at most that much, which
-    a measured curve's noise (a few percent run to run) cannot tell from flat.
+def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], slack: float = 0.5) -> int:
+    """The most concurrent expansions that still run at nearly solo speed: the largest c_i such that every
+    measured c_j <= c_i has per-request latency c_j T_1 / T_j <= 1 + slack.
 
-    Example: T = [9, 20, 29, 30, 28, 32] at c = [1, 2, 4, 8, 16, 32]: 0.9 * 32 = 28.8 -> k_total = 4.
+    Where throughput still rises linearly (a GPU below saturation) requests cost each other nothing and
+    latency stays at 1; once it stops rising, latency grows with every request. Past that point a
+    speculative expansion slows the primary ones it shares forwards with, which SPEX must not do.
+
+    Example: T = [20, 36, 62, 92, 102, 113] tokens/s at c = [1, 2, 4, 8, 16, 32]: latencies 1, 1.11,
+    1.29, 1.74, ... -> k_total = 4 (slack 0.5).
     """
     if len(concurrency) != len(throughput) or not concurrency:
         raise ValueError(
@@ -65,7 +69,12 @@ def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], 
         )
     if any(b <= a for a, b in zip(concurrency, concurrency[1:])):
         raise ValueError(f"concurrency must be strictly increasing, got {list(concurrency)}")
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance is a relative loss in [0, 1), got {tolerance}")
-    best = max(throughput)
-    return next(int(c) for c, t in zip(concurrency, throughput) if t >= (1 - tolerance) * best)
+    if slack < 0 or any(t <= 0 for t in throughput):
+        raise ValueError(f"need slack >= 0 and positive throughputs, got {slack} and {list(throughput)}")
+    solo = throughput[0] / concurrency[0]  # one request's tokens/s
+    k_total = int(concurrency[0])
+    for c, t in zip(concurrency, throughput):
+        if c * solo / t > 1 + slack:  # latency c T_1 / T_c
+            break
+        k_total = int(c)
+    return k_total

@@ -29,7 +29,7 @@ Exploration = Literal["none", "spex"]
 @dataclass(frozen=True)
 class ExploreConfig:
     explore: Exploration = "none"
-    k_total: int = 8  # speculative expansions in flight over all queries (from the t(n) curve: `bench spex`)
+    k_total: int = 8  # expansions in flight over all queries, primary + speculative (`bench spex` measures it)
     lookahead: int = 2  # BFS: layers expanded ahead
     tau: float = 1.0  # softmax temperature of the inter-query allocation
     early_stop: bool = False
