@@ -118,10 +118,12 @@ def test_children_prompts_fork_their_parents_kv_and_decode_identically(tiny_llam
                 prompt = prompt + streams[0].generated + [4, 6]  # the child's prompt extends its parent
                 for s in streams:
                     session.release(s)
-            return outputs, session.prefix_cache.hits, session.prefix_cache.reused_tokens
+            cache = session.prefix_cache
+            return outputs, cache.hits, cache.reused_tokens, session.prefilled_tokens
 
-    plain, no_hits, _ = search(0)
-    cached, hits, reused = search(4096)
+    plain, no_hits, _, prefilled_plain = search(0)
+    cached, hits, reused, prefilled = search(4096)
     assert no_hits == 0
     assert hits >= 4 and reused >= 4 * len(PROMPT)
+    assert prefilled < prefilled_plain / 2  # here 31 prompt tokens run instead of 99
     assert cached == plain

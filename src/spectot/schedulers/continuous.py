@@ -51,7 +51,8 @@ class EngineCounters:
     cancelled: int = 0
     max_live: int = 0  # the most streams one forward carried
     prompt_tokens: int = 0  # of admitted requests
-    prompt_tokens_cached: int = 0  # of those, forked from the prefix cache instead of prefilled
+    prompt_tokens_cached: int = 0  # of those, forked from the prefix cache
+    prompt_tokens_prefilled: int = 0  # run through the target (the rest: cached, or a live request's same prompt)
 
 
 class ContinuousEngine:
@@ -153,6 +154,7 @@ class ContinuousEngine:
             session.prefill(new)
             self.counters.prompt_tokens += sum(len(s.prompt) for s in new)
             self.counters.prompt_tokens_cached = session.prefix_cache.reused_tokens
+            self.counters.prompt_tokens_prefilled = session.prefilled_tokens
             self._update(session, live, streams, new, {s.key: 0 for s in new})
         active = [s for s in streams.values() if s.finish is None]
         if not active:

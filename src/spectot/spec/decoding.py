@@ -151,6 +151,7 @@ class DecodeSession:
         # an EDD draft needs the target's hidden states of every prompt token: those are not cached
         cached = decoder.prefix_cache_tokens if decoder.hidden_layer is None else 0
         self.prefix_cache = PrefixCache(self.runner, cached, MIN_SHARED_PREFIX)
+        self.prefilled_tokens = 0  # prompt tokens run through the target (not shared, not cached)
         self.streams: list[_Stream] = []  # live and finished streams, released ones excluded
         self._next_key = 0
         self.add(prompts, config, seeds)
@@ -260,6 +261,7 @@ class DecodeSession:
             )
             self.runner.commit_all()
             self.batch.target_forwards += 1
+            self.prefilled_tokens += shared - cached
             base_hidden = None if out.hidden is None else out.hidden[0]
             if self.prefix_cache.max_tokens:  # the prompts find it in the cache, with anything longer
                 self.prefix_cache.keep(base, prompts[0][:shared])
@@ -272,6 +274,7 @@ class DecodeSession:
         out = self.runner.forward(trees, last_only=True, hidden_layer=hidden_layer)
         self.runner.commit_all()
         self.batch.target_forwards += 1
+        self.prefilled_tokens += sum(len(st.tree) for st in trees)
         for i, (p, (sid, _)) in enumerate(zip(prompts, forks)):
             hidden = None
             if out.hidden is not None:
