@@ -162,6 +162,8 @@ def test_mcts_speculation_folds_every_rollout_and_releases_budget(algorithm) -> 
     result, explorer, backend = run(mcts_search, lambda e: Explorer(e, budget), config)
     assert 1 <= len(result.leaves) <= 8
     assert explorer.counters.speculated > 0
+    # the search ran to its budget, so every speculative rollout was promoted or folded in: all hits
+    assert explorer.counters.hits == explorer.counters.speculated and explorer.counters.cancelled == 0
     assert explorer.counters.budget_peak <= 3
     assert budget.in_flight.get(0, 0) == 0
     assert result.answer in {"0", "1", "2", ""}

@@ -181,7 +181,7 @@ class Explorer:
         return task
 
     def promote(self) -> None:
-        """The search chose a speculative rollout as its next one (a DFS hit)."""
+        """The search used a speculative rollout (a DFS hit): chose it as its next one, or folded it in."""
         self.counters.hits += 1
         if self.budget is not None:
             self.budget.hit(self.query)

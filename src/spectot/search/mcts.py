@@ -9,9 +9,11 @@ One simulation (llm-reasoners' phases):
 
 SPEX's DFS speculation: while the next (primary) rollout runs, ``source.spare()`` more rollouts start
 at the nodes the next UCT selections would pick if the running ones came back with a virtual loss
-(virtual visit, value 0). Each is folded into the tree when it finishes; when the real selection
-reaches a node a speculative rollout already started from, that rollout becomes the primary one (a
-hit). With no spare budget this is the sequential algorithm exactly.
+(virtual visit, value 0). Each is folded into the tree when it finishes and counts as one of the
+``budget`` simulations; when the real selection reaches a node a speculative rollout already started
+from, that rollout becomes the primary one. Either way the search used it (a hit); rollouts still
+running when the search ends are the waste. With no spare budget this is the sequential algorithm
+exactly.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ async def mcts_search(
                 leaf = _fold(tree, rollout)
                 consumed += [c for step in rollout.chain for c in step]
                 folded += 1
+                if rollout.speculative:  # folded in as one of the simulations
+                    source.promote()
                 if rollout is primary:
                     primary = None
                 leaves.append(leaf)
