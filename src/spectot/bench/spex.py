@@ -51,7 +51,8 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
     tasks = [(name, path) for name, path in (("gsm8k", opts.gsm8k), ("math500", opts.math500)) if path]
     # a cell's record depends on the questions, model, draft and search settings, not on which cells are asked for
-    selection = ("searches", "in_flight", "variants", "remote", "out")
+    # (each cell records its task's data file instead: a cell is redone when that file changes)
+    selection = ("gsm8k", "math500", "searches", "in_flight", "variants", "remote", "out")
     config_key = {k: v for k, v in asdict(opts).items() if k not in selection}
     config_key |= {**asdict(model), **asdict(draft), **asdict(tree)}
     records = load_records(out / "records.jsonl", config_key)
@@ -63,6 +64,9 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     k_total = k_total_from_curve(curve["concurrency"], curve["tokens_per_second"])
 
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
+    stale = [c for c in cells if c in records and records[c].get("data") != dict(tasks)[c[0]]]
+    for cell in stale:
+        del records[cell]
     todo = [c for c in cells if c not in records]
     with progress_bar() as bar:
         job = bar.add_task("bench spex", total=len(todo) * opts.problems)
@@ -75,7 +79,8 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
             run = run_tree_solve(
                 SearchOptions(search=search), options, solve, backend, report=lambda *a: bar.advance(job)
             )
-            value = {**run.summary(), "k_total": k_total, "answers": {r["id"]: r["answer"] for r in run.records}}
+            answers = {r["id"]: r["answer"] for r in run.records}
+            value = {**run.summary(), "k_total": k_total, "data": dict(tasks)[task], "answers": answers}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant), value, records)
             write_results(out, records, cells, config_key)  # the table so far: an interrupted run still has one
     remote = records.get(("remote",))
