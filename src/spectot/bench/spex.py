@@ -92,9 +92,10 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
 
 
 def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict) -> dict:
-    """results.json / results.md from the records of the finished cells (missing ones are left out):
-    the cells asked for, then those of earlier runs of the same configuration."""
-    cells = cells + [key for key in records if len(key) == 4 and key not in cells]
+    """results.json / results.md from the records of the finished cells (missing ones are left out): the
+    cells asked for and those of earlier runs of the same configuration, by task, search, in flight, variant."""
+    order = list(VARIANTS)
+    cells = sorted({*cells, *(key for key in records if len(key) == 4)}, key=lambda c: (*c[:3], order.index(c[3])))
     rows = []
     for task, search, queries, variant in cells:
         value = records.get((task, search, queries, variant))
