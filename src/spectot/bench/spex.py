@@ -61,7 +61,7 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     if curve is None:
         curve = measure_concurrency(pipe)
         append_record(out / "records.jsonl", config_key, ("concurrency",), curve, records)
-    k_total = k_total_from_curve(curve["concurrency"], curve["tokens_per_second"])
+    k_total = _k_total(curve)
 
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
     stale = [c for c in cells if c in records and records[c].get("data") != dict(tasks)[c[0]]]
@@ -108,6 +108,8 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         row["accuracy_delta_vs_plain"] = value["accuracy"] - plain["accuracy"] if plain else None
         rows.append(row)
     curve, remote = records.get(("concurrency",)), records.get(("remote",))
+    if curve is not None:  # derived here, so a stored curve always shows the current rule's k_total
+        curve = {**curve, "k_total": _k_total(curve)}
     result = {
         "rows": rows,
         "concurrency": curve,
@@ -121,8 +123,8 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
 
 
 def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> dict:
-    """Generated tokens per second of the local engine with n requests in flight; k_total is the
-    largest one whose requests still run at nearly solo speed (``k_total_from_curve``)."""
+    """Generated tokens per second of the local engine with n requests in flight (``_k_total`` reads
+    SPEX's k_total off it)."""
     from spectot.backends.base import CompletionRequest
     from spectot.backends.local import LocalEngineBackend
 
@@ -143,8 +145,12 @@ def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> 
     return {
         "concurrency": list(levels),
         "tokens_per_second": throughput,
-        "k_total": k_total_from_curve(levels, throughput),
     }
+
+
+def _k_total(curve: dict) -> int:
+    """The most requests in flight that still run at nearly solo speed on the measured curve."""
+    return k_total_from_curve(curve["concurrency"], curve["tokens_per_second"])
 
 
 def check_remote(pipe, model: ModelOptions, tree: TreeSearchOptions, task, search: str, n: int, k_total: int) -> dict:
@@ -191,7 +197,7 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
     conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
     lines += [
         "",
-        f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {k_total_from_curve(curve['concurrency'], curve['tokens_per_second'])}.",
+        f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {curve['k_total']}.",
     ]
     if remote is not None:
         lines.append(
