@@ -230,7 +230,7 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
             pipe.target.eos_token_ids,
             proposer,
             pipe.decoder.detokenize,
-            prefix_cache_tokens=pipe.decoder.prefix_cache_tokens,
+            prefix_cache=pipe.decoder.prefix_cache,  # one cache per runner: every engine finds what ran before
         )
 
     if name in ("ar", "batched-ar"):

@@ -4,6 +4,8 @@ the tokens of decoding without it, while skipping the cached part of each prompt
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from spectot.engine.kv_cache import FlatKVCache
 from spectot.engine.prefix_cache import PrefixCache
 from spectot.engine.runner import ModelRunner
 from spectot.spec.decoding import DecodeConfig, Decoder
+from spectot.spec.proposers.ngram import NgramProposer
 from spectot.spec.sampling import SamplingParams
 
 
@@ -127,3 +130,40 @@ def test_children_prompts_fork_their_parents_kv_and_decode_identically(tiny_llam
     assert hits >= 4 and reused >= 4 * len(PROMPT)
     assert prefilled < prefilled_plain / 2  # here 31 prompt tokens run instead of 99
     assert cached == plain
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
+def test_the_cache_outlives_a_call_and_decoders_over_one_runner_share_it(tiny_llama, sampling) -> None:
+    """A search's next level is a new call, often by another engine (ar for values, sd for thoughts):
+    it forks what the last call ran, and decodes exactly as a decoder that never saw it (fp32)."""
+    target = tiny_llama()
+    config = DecodeConfig(max_new_tokens=10, sampling=sampling, seed=3)
+    runner = ModelRunner(target)
+    first = Decoder(runner)
+    second = Decoder(runner, proposer=NgramProposer(), prefix_cache=first.prefix_cache)
+    [parent] = first.generate([PROMPT], config)
+    child = PROMPT + parent.token_ids + [4, 6]
+    sd = replace(config, method="sd", num_draft_tokens=3)
+    with second.session([child], sd) as session:
+        session.prefill(session.streams)
+        while session.streams[0].finish is None:
+            session.verify(session.streams, session.propose(session.streams))
+    assert session.cached_tokens >= len(PROMPT) + len(parent.token_ids) - 1
+    assert session.prefilled_tokens <= 3
+    fresh = Decoder(ModelRunner(target), proposer=NgramProposer(), prefix_cache_tokens=0)
+    alone = fresh.generate([child], sd)[0]
+    assert session.results()[0].token_ids == alone.token_ids
+    assert first.prefix_cache.held_tokens >= len(child)  # the child's sequence is kept for the next call
+    first.prefix_cache.clear()
+    assert runner.cache.used == 0  # nothing held outside the cache
+    with pytest.raises(ValueError, match="runner"):
+        Decoder(ModelRunner(target), prefix_cache=first.prefix_cache)
+
+
+def test_an_error_mid_call_releases_its_streams_instead_of_caching_them(tiny_llama) -> None:
+    decoder = Decoder(ModelRunner(tiny_llama()))
+    with pytest.raises(RuntimeError, match="boom"):
+        with decoder.session([PROMPT], DecodeConfig(max_new_tokens=4)) as session:
+            session.prefill(session.streams)
+            raise RuntimeError("boom")
+    assert len(decoder.prefix_cache) == 0 and decoder.runner.cache.used == 0

@@ -83,6 +83,8 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def assert_caches_empty(decoder: Decoder) -> None:
+    """Nothing leaked: every slot still held belongs to the prefix cache."""
+    decoder.prefix_cache.clear()
     assert decoder.runner.cache.used == 0
     assert decoder.runner.cache.streams == {}
     if isinstance(decoder.proposer, DraftModelProposer):

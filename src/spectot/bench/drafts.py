@@ -68,6 +68,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
                     num_draft_tokens=options.num_draft_tokens if options else 1,
                 )
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))  # untimed warm-up
+            pipe.decoder.prefix_cache.clear()  # every draft prefills the prompt: same work, fair times
             res = pipe.decoder.generate([prompts[i]], config)[0]
             append_record(
                 out / "records.jsonl",

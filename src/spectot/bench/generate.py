@@ -61,6 +61,7 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
 
     def spectot(prompt: list[int], method: str) -> tuple[list[int], dict]:
         pipe.decoder.proposer = ngram if method == "sd" else None
+        pipe.decoder.prefix_cache.clear()  # every method prefills the prompt, as HF generate() does
         res = pipe.decoder.generate([prompt], DecodeConfig(max_new_tokens=opts.max_new_tokens, method=method))[0]
         return res.token_ids, res.stats.to_dict()
 

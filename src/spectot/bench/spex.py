@@ -72,6 +72,7 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
         job = bar.add_task("bench spex", total=len(todo) * opts.problems)
         for task, search, queries, variant in todo:
             explore, method = VARIANTS[variant]
+            pipe.decoder.prefix_cache.clear()  # each cell starts cold: the same prefill work for every variant
             backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=opts.problems)

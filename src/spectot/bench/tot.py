@@ -58,6 +58,7 @@ def run_bench_tot(
                 prompt_pool=opts.prompt_pool if task == "blocksworld" else "",
                 profile=str(out / "profile.json") if costs else "",
             )
+            pipe.decoder.prefix_cache.clear()  # each (engine, problem) starts cold: the same prefill work for all
             run = run_solve(model_opts, draft_opts, search, solve, pipe=pipe)
             [record] = run.records
             value = {

@@ -124,6 +124,7 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
             )
             if i == 0:  # untimed warm-up per method
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))
+            pipe.decoder.prefix_cache.clear()  # every method prefills the prompt: same work, fair times
             res = pipe.decoder.generate([prompts[i]], config)[0]
             rec = {
                 "tokens": res.token_ids,

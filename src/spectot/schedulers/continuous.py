@@ -153,7 +153,7 @@ class ContinuousEngine:
         if new:
             session.prefill(new)
             self.counters.prompt_tokens += sum(len(s.prompt) for s in new)
-            self.counters.prompt_tokens_cached = session.prefix_cache.reused_tokens
+            self.counters.prompt_tokens_cached = session.cached_tokens
             self.counters.prompt_tokens_prefilled = session.prefilled_tokens
             self._update(session, live, streams, new, {s.key: 0 for s in new})
         active = [s for s in streams.values() if s.finish is None]

@@ -97,10 +97,17 @@ class Decoder:
         proposer: Proposer | None = None,
         detokenize: Callable[[list[int]], str] | None = None,  # needed for stop strings
         prefix_cache_tokens: int = 16384,  # KV of finished sequences kept for later prompts (0: none)
+        prefix_cache: PrefixCache | None = None,  # share another decoder's (same runner) instead
     ) -> None:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
-        self.prefix_cache_tokens = prefix_cache_tokens
+        if prefix_cache is not None and prefix_cache.streams is not runner:
+            raise ValueError("a shared prefix cache must hold streams of this decoder's runner")
+        # it outlives sessions: a search's next level, its evaluations and its next problem find the
+        # KV of what ran before (a shared few-shot header, the parent's prompt + step)
+        if prefix_cache is None:
+            prefix_cache = PrefixCache(runner, prefix_cache_tokens, MIN_SHARED_PREFIX)
+        self.prefix_cache = prefix_cache
         self.runner = runner
         self.eos = frozenset(eos_token_ids)
         self.proposer = proposer
@@ -149,9 +156,9 @@ class DecodeSession:
         self._t0 = time.perf_counter()
         self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
         # an EDD draft needs the target's hidden states of every prompt token: those are not cached
-        cached = decoder.prefix_cache_tokens if decoder.hidden_layer is None else 0
-        self.prefix_cache = PrefixCache(self.runner, cached, MIN_SHARED_PREFIX)
+        self.prefix_cache = decoder.prefix_cache if decoder.hidden_layer is None else PrefixCache(self.runner, 0)
         self.prefilled_tokens = 0  # prompt tokens run through the target (not shared, not cached)
+        self.cached_tokens = 0  # prompt tokens whose KV was already there (the prefix cache, a shared header)
         self.streams: list[_Stream] = []  # live and finished streams, released ones excluded
         self._next_key = 0
         self.add(prompts, config, seeds)
@@ -188,38 +195,47 @@ class DecodeSession:
     def release(self, s: _Stream) -> None:
         """Free a stream's KV and draft state (finished or abandoned); its prompt's KV goes with
         its last user. The KV moves to the prefix cache, which frees it when it needs the room."""
+        self._free(s, keep=True)
+        s.finish = s.finish or "length"
+        self.streams.remove(s)
+
+    def _free(self, s: _Stream, keep: bool) -> None:
         if s.sid is not None:
-            held = (s.prompt + s.generated)[: self.runner.stream_len(s.sid)]  # tokens whose KV the stream has
-            self.prefix_cache.keep(s.sid, held)
+            if keep:
+                held = (s.prompt + s.generated)[: self.runner.stream_len(s.sid)]  # tokens whose KV it has
+                self.prefix_cache.keep(s.sid, held)
+            else:
+                self.runner.release(s.sid)
             s.sid = None
             entry = self._prompts.get(tuple(s.prompt))
             if entry is not None:
                 entry.users -= 1
                 if entry.users == 0:
-                    self.prefix_cache.keep(entry.sid, s.prompt)
-                    del self._prompts[tuple(s.prompt)]
+                    self._free_prompt(tuple(s.prompt), keep)
         if self.proposer is not None:
             self.proposer.release(s.key)
-        s.finish = s.finish or "length"
-        self.streams.remove(s)
+
+    def _free_prompt(self, prompt: tuple[int, ...], keep: bool) -> None:
+        entry = self._prompts.pop(prompt)
+        if keep:
+            self.prefix_cache.keep(entry.sid, prompt)
+        else:
+            self.runner.release(entry.sid)
 
     def __enter__(self) -> DecodeSession:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(keep=exc_type is None)
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """Free every stream (their results stay readable); ``keep``: their KV and their prompts' goes
+        to the prefix cache for later calls, else it is released (after an error mid-step)."""
         self.runner.abort()  # an error mid-step must not leave a forward pending
         for s in self.streams:
-            if s.sid is not None:
-                self.runner.release(s.sid)
-            if self.proposer is not None:
-                self.proposer.release(s.key)
-        for entry in self._prompts.values():
-            self.runner.release(entry.sid)
-        self._prompts.clear()
-        self.prefix_cache.clear()
+            self._free(s, keep)
+        for prompt in list(self._prompts):  # prompts whose streams are all gone
+            self._free_prompt(prompt, keep)
         self.batch.time_total = time.perf_counter() - self._t0
 
     def results(self) -> list[StreamResult]:
@@ -262,6 +278,7 @@ class DecodeSession:
             self.runner.commit_all()
             self.batch.target_forwards += 1
             self.prefilled_tokens += shared - cached
+            self.cached_tokens += cached
             base_hidden = None if out.hidden is None else out.hidden[0]
             if self.prefix_cache.max_tokens:  # the prompts find it in the cache, with anything longer
                 self.prefix_cache.keep(base, prompts[0][:shared])
@@ -275,6 +292,7 @@ class DecodeSession:
         self.runner.commit_all()
         self.batch.target_forwards += 1
         self.prefilled_tokens += sum(len(st.tree) for st in trees)
+        self.cached_tokens += sum(cached for _, cached in forks)
         for i, (p, (sid, _)) in enumerate(zip(prompts, forks)):
             hidden = None
             if out.hidden is not None:
