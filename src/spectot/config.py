@@ -354,7 +354,7 @@ class BenchDraftsOptions:
 
 
 TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
-EngineName = Literal["ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched"]
+EngineName = Literal["ar", "sd", "mcsd", "batched-ar", "hf-batched-ar", "batched-sd", "seed", "seed-batched"]
 SearchName = Literal["tot-bfs", "rebase", "ets", "rstar", "rest-mcts"]
 
 
@@ -405,7 +405,8 @@ class SolveOptions:
         default="seed-batched",
         **opt(
             "how a level's n generations run: ar / sd / mcsd serially, batched-ar / batched-sd all streams in one "
-            "forward, seed (SEED's rounds), seed-batched (SEED + one forward for all queued trees)"
+            "forward, hf-batched-ar (transformers generate() on the padded level), seed (SEED's rounds), "
+            "seed-batched (SEED + one forward for all queued trees)"
         ),
     )
     prompt_pool: str = field(default="", **opt("Blocksworld: RAP prompt pool json (empty = built-in demos)"))
@@ -512,6 +513,7 @@ class BenchTotOptions:
     prompt_pool: str = field(default="../shared/data/blocksworld/prompts/pool_prompt_v1.json", **opt("RAP pool"))
     problems: int = field(default=10, **opt("problems per task"))
     engines: str = field(
-        default="ar,sd,mcsd,batched-ar,batched-sd,seed,seed-batched", **opt("comma-separated engines to compare")
+        default="ar,sd,mcsd,batched-ar,hf-batched-ar,batched-sd,seed,seed-batched",
+        **opt("comma-separated engines to compare"),
     )
     out: str = field(default="runs/bench_tot", **opt("output folder (JSON, Markdown, records for resuming)"))

@@ -233,6 +233,10 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
             prefix_cache=pipe.decoder.prefix_cache,  # one cache per runner: every engine finds what ran before
         )
 
+    if name == "hf-batched-ar":
+        from spectot.schedulers.hf import HFBatchedEngine
+
+        return HFBatchedEngine(pipe.target.model, pipe.target.eos_token_ids, pipe.decoder.detokenize), "ar"
     if name in ("ar", "batched-ar"):
         engine = SerialEngine(decoder(None), "ar") if name == "ar" else BatchedEngine(decoder(None), "batched-ar")
         return engine, "ar"

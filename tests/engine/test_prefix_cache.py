@@ -161,9 +161,14 @@ def test_the_cache_outlives_a_call_and_decoders_over_one_runner_share_it(tiny_ll
 
 
 def test_an_error_mid_call_releases_its_streams_instead_of_caching_them(tiny_llama) -> None:
+    """Only KV that finished forwards wrote is kept: the prompt (prefilled before the error), not the
+    stream that was mid-decode."""
     decoder = Decoder(ModelRunner(tiny_llama()))
     with pytest.raises(RuntimeError, match="boom"):
-        with decoder.session([PROMPT], DecodeConfig(max_new_tokens=4)) as session:
+        with decoder.session([PROMPT], DecodeConfig(max_new_tokens=8)) as session:
             session.prefill(session.streams)
+            session.verify(session.streams, session.propose(session.streams))
             raise RuntimeError("boom")
-    assert len(decoder.prefix_cache) == 0 and decoder.runner.cache.used == 0
+    assert decoder.prefix_cache.held_tokens == len(PROMPT)
+    decoder.prefix_cache.clear()
+    assert decoder.runner.cache.used == 0

@@ -112,3 +112,29 @@ def test_a_prompt_too_long_fails_alone(tiny_llama) -> None:
         assert len(good.result(timeout=60).token_ids) == 4
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
+def test_speculative_prompts_prefilled_in_chunks_beside_primary_steps_decode_exactly(tiny_llama, sampling) -> None:
+    """Low-priority requests that arrive while a primary one decodes run their prompts a few tokens per
+    forward (fill_rows), and still give exactly the tokens of prefilling at once (fp32, same seeds)."""
+    target = tiny_llama()
+    config = DecodeConfig(max_new_tokens=12, sampling=sampling)
+    long_prompts = [[(7 * i + j) % 50 + 3 for j in range(30)] for i in range(3)]
+    want = reference(target, [PROMPTS[3], *long_prompts], config, [0, 1, 2, 3])
+    started = []
+    engine = ContinuousEngine(Decoder(ModelRunner(target)), fill_rows=4)
+    try:
+        primary = engine.submit(PROMPTS[3], DecodeConfig(max_new_tokens=60, sampling=sampling), 0, started.append)
+        deadline = time.time() + 10
+        while not started and time.time() < deadline:
+            time.sleep(0.001)
+        speculative = [engine.submit(p, config, i + 1, priority=1) for i, p in enumerate(long_prompts)]
+        got = [f.result(timeout=60).token_ids for f in speculative]
+        first = primary.result(timeout=60).token_ids
+    finally:
+        engine.close()
+    assert engine.counters.chunked_prefills == 3
+    assert got == want[1:]
+    assert first[:12] == want[0]  # the primary decodes exactly as alone, too
+    assert engine.counters.prompt_tokens_prefilled >= sum(len(p) for p in long_prompts)

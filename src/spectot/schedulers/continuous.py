@@ -10,6 +10,11 @@ so this engine keeps one ``DecodeSession`` open on a worker thread and loops (vL
     execute   prefill the admitted; one draft call + one target forward over every live stream
     update    hand new tokens to their listeners; resolve finished requests and free their KV
 
+A request of lower priority (speculative) admitted while primary streams decode is prefilled in
+chunks inside their forwards, in the rows they leave free up to ``fill_rows`` (rows a forward
+carries at nearly the cost of one: t(8) ~ 1.3 t(1) on the reference CPU), so its prompt never
+stalls them; a primary request is prefilled at once.
+
 Each request keeps its own seed, so its tokens are the same whatever else is in the batch: greedy
 output equals plain decoding of the target, sampled output is distributed as the target's.
 """
@@ -53,6 +58,7 @@ class EngineCounters:
     prompt_tokens: int = 0  # of admitted requests
     prompt_tokens_cached: int = 0  # of those, forked from the prefix cache
     prompt_tokens_prefilled: int = 0  # run through the target (the rest: cached, or a live request's same prompt)
+    chunked_prefills: int = 0  # requests prefilled in chunks beside primary steps
 
 
 class ContinuousEngine:
@@ -62,10 +68,13 @@ class ContinuousEngine:
         max_streams: int = 64,
         budget: Callable[[int], TreePolicy | None] | None = None,  # live streams B -> tree per stream
         name: str = "continuous",
+        fill_rows: int = 8,  # forward rows speculative prompts may fill beside primary steps (0: prefill at once)
     ) -> None:
-        if max_streams < 1:
-            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        if max_streams < 1 or fill_rows < 0:
+            raise ValueError(f"need max_streams >= 1 and fill_rows >= 0, got {max_streams} and {fill_rows}")
         self.decoder, self.max_streams, self.budget, self.name = decoder, max_streams, budget, name
+        # chunks need no draft hidden states (an EDD draft reads every prompt token's)
+        self.fill_rows = fill_rows if decoder.hidden_layer is None else 0
         self.counters = EngineCounters()
         self._waiting: list[_Request] = []
         self._order = itertools.count()
@@ -150,21 +159,41 @@ class ContinuousEngine:
             live[s.key], streams[s.key] = request, s
             new.append(s)
         self.counters.admitted += len(new)
-        if new:
-            session.prefill(new)
-            self.counters.prompt_tokens += sum(len(s.prompt) for s in new)
-            self.counters.prompt_tokens_cached = session.cached_tokens
-            self.counters.prompt_tokens_prefilled = session.prefilled_tokens
-            self._update(session, live, streams, new, {s.key: 0 for s in new})
-        active = [s for s in streams.values() if s.finish is None]
-        if not active:
+        primary = any(live[k].priority == 0 and s.finish is None and not s.to_fill for k, s in streams.items())
+        chunked = [s for s in new if self.fill_rows and primary and live[s.key].priority > 0]
+        whole = [s for s in new if s not in chunked]
+        if chunked:
+            session.begin(chunked)
+            self.counters.chunked_prefills += len(chunked)
+        if whole:
+            session.prefill(whole)
+            self._update(session, live, streams, whole, {s.key: 0 for s in whole})
+        self.counters.prompt_tokens += sum(len(s.prompt) for s in new)
+        self.counters.prompt_tokens_cached = session.cached_tokens
+        self.counters.prompt_tokens_prefilled = session.prefilled_tokens
+        active = [s for s in streams.values() if s.finish is None and not s.to_fill]
+        waiting = [s for s in streams.values() if s.to_fill]
+        if not active and not waiting:
             return
         self.counters.max_live = max(self.counters.max_live, len(active))
-        before = {s.key: len(s.generated) for s in active}
+        before = {s.key: len(s.generated) for s in active + waiting}
         policy = self.budget(len(active)) if self.budget is not None else None
-        session.verify(active, session.propose(active, policy))
+        drafts = session.propose(active, policy)
+        free = self.fill_rows - sum(1 + d.tokens.numel() for d in drafts)  # rows left beside the primary steps
+        if not active:  # nothing decodes: prefill the rest at once
+            free = sum(s.to_fill for s in waiting)
+        filling = []
+        for s in waiting:  # oldest first; at least one token a step, so none waits forever
+            take = min(s.to_fill, max(free, 0 if filling else 1))
+            if take == 0:
+                break
+            filling.append((s, take))
+            free -= take
+        session.verify(active, drafts, filling)
         self.counters.steps += 1
-        self._update(session, live, streams, active, before)
+        self.counters.prompt_tokens_prefilled = session.prefilled_tokens
+        done_filling = [s for s, _ in filling if not s.to_fill]
+        self._update(session, live, streams, active + done_filling, before)
 
     def _update(self, session, live, streams, touched, before: dict[int, int]) -> None:
         for s in touched:

@@ -73,6 +73,8 @@ class _Stream:
     stats: DecodeStats = field(default_factory=DecodeStats)
     finish: FinishReason | None = None
     unseen_hidden: list[torch.Tensor] = field(default_factory=list)  # target hidden states not yet given to the draft
+    to_fill: int = 0  # prompt tokens still to run when prefilled in chunks (``begin``); its own prompt KV then
+    chunked: bool = False
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -207,7 +209,7 @@ class DecodeSession:
             else:
                 self.runner.release(s.sid)
             s.sid = None
-            entry = self._prompts.get(tuple(s.prompt))
+            entry = None if s.chunked else self._prompts.get(tuple(s.prompt))
             if entry is not None:
                 entry.users -= 1
                 if entry.users == 0:
@@ -260,6 +262,17 @@ class DecodeSession:
             token = self._sample_one(entry.logits, s.config.sampling, s.generator)
             self._emit(s, [token], _logprobs(entry.logits[None], [token]))
 
+    def begin(self, streams: Sequence[_Stream]) -> None:
+        """Prefill ``streams`` in chunks instead: each forks its longest cached prefix now and runs the
+        rest a few tokens at a time inside later forwards (``verify(..., filling=)``), so a long prompt
+        never stalls the streams already decoding (SPEX: speculative work must not delay primary work)."""
+        if self.decoder.hidden_layer is not None:
+            raise ValueError("chunked prefill needs no draft hidden states: an EDD draft reads every prompt token's")
+        for s in streams:
+            s.sid, cached = self.prefix_cache.fork(s.prompt[:-1])
+            s.to_fill, s.chunked = len(s.prompt) - cached, True
+            self.cached_tokens += cached
+
     def _prefill_prompts(self, prompts: list[tuple[int, ...]]) -> None:
         """One forward over the new prompts, each forked from its longest cached prefix (at least its
         last token runs, for the logits). A prefix all of them share beyond what the cache holds (a
@@ -298,6 +311,8 @@ class DecodeSession:
             if out.hidden is not None:
                 hidden = out.hidden[i] if base_hidden is None else torch.cat([base_hidden, out.hidden[i]])
             self._prompts[p] = _PromptEntry(sid, out.logits[i][0], hidden)
+            if self.prefix_cache.max_tokens:  # later prompts of this call find it too (a serial engine's next one)
+                self.prefix_cache.keep(self.runner.new_stream(fork_of=sid), p)
         if base is not None:
             self.runner.release(base)
 
@@ -329,13 +344,23 @@ class DecodeSession:
         k = min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1)
         return DraftRequest(s.key, s.tokens, k, hidden, generator=s.generator, policy=policy)
 
-    def verify(self, streams: Sequence[_Stream], drafts: Sequence[Draft]) -> None:
+    def verify(
+        self, streams: Sequence[_Stream], drafts: Sequence[Draft], filling: Sequence[tuple[_Stream, int]] = ()
+    ) -> None:
         """One target forward over every stream's tree (root = its pending token), then verify,
-        commit the accepted paths and emit."""
+        commit the accepted paths and emit. ``filling``: (stream prefilled in chunks (``begin``), how
+        many of its next prompt tokens ride along); a stream whose prompt completes samples
+        its first token, as ``prefill`` does."""
         t = time.perf_counter()
         trees = [StreamTree(s.sid, d.tree(root=s.generated[-1])) for s, d in zip(streams, drafts)]
         # the root is the pending token: already emitted, not yet run through the target
-        out = self.runner.forward(trees, hidden_layer=self._hidden_layer())
+        chunks = [(s, s.prompt[len(s.prompt) - s.to_fill :][:n]) for s, n in filling if n > 0]
+        trees += [StreamTree(s.sid, TokenTree.chain(tokens)) for s, tokens in chunks]
+        rows = None
+        if chunks:  # a chunk needs logits only where it completes its prompt
+            rows = [range(len(st.tree)) for st in trees[: len(streams)]]
+            rows += [[len(tokens) - 1] if len(tokens) == s.to_fill else [] for s, tokens in chunks]
+        out = self.runner.forward(trees, logit_rows=rows, hidden_layer=self._hidden_layer())
         self.batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
@@ -352,7 +377,16 @@ class DecodeSession:
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
             if out.hidden is not None:
                 s.unseen_hidden.append(out.hidden[i][accepted[s.sid]])
+        for s, tokens in chunks:
+            accepted[s.sid] = list(range(len(tokens)))
         self.runner.commit(accepted)
+        for (s, tokens), logits in zip(chunks, out.logits[len(streams) :]):
+            s.to_fill -= len(tokens)
+            self.prefilled_tokens += len(tokens)
+            if s.to_fill == 0:
+                s.stats.prompt_tokens = len(s.prompt)
+                token = self._sample_one(logits[0], s.config.sampling, s.generator)
+                self._emit(s, [token], _logprobs(logits, [token]))
         self.batch.time_verify += time.perf_counter() - t
 
     def _hidden_layer(self) -> int | None:

@@ -1,0 +1,99 @@
+"""``hf-batched-ar``: what a user would do instead of spectot — a level's prompts as one left-padded
+batch through transformers' ``generate()`` (SEED's "Parallel" strategy, figure 1(d), done the
+usual way), as the baseline next to spectot's own ``batched-ar``.
+
+It samples with transformers' random numbers (one seed per level, the level's first stream's), so
+its trees follow the target's distribution without spectot's per-stream draws. Stop strings end a
+row as in spectot's decoder: at the token whose text completes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria
+
+from spectot.schedulers.base import Level, Recorder
+from spectot.schedulers.timeline import Timeline
+from spectot.spec.decoding import FinishReason, StreamResult
+from spectot.spec.stats import DecodeStats
+
+
+@dataclass
+class HFBatchedEngine:
+    model: object  # a transformers causal LM
+    eos_token_ids: Sequence[int]
+    detokenize: Callable[[list[int]], str]
+    name: str = "hf-batched-ar"
+
+    def run(self, level: Level, timeline: Timeline | None = None) -> list[StreamResult]:
+        rec = Recorder(timeline, level)
+        config, prompts = level.config, [list(p) for p in level.prompts]
+        pad = self.eos_token_ids[0]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: every row's next token is at the same column
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        s = config.sampling
+        sampling = {"do_sample": False}  # a fresh config: nothing inherited from the checkpoint's defaults
+        if not s.greedy:
+            sampling = {"do_sample": True, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
+        generation = GenerationConfig(
+            max_new_tokens=config.max_new_tokens,
+            eos_token_id=list(self.eos_token_ids),
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **sampling,
+        )
+        t = rec.now()
+        with torch.random.fork_rng(), torch.inference_mode():
+            torch.manual_seed(level.seeds[0])
+            out = self.model.generate(
+                input_ids=ids.to(self.model.device),
+                attention_mask=mask.to(self.model.device),
+                generation_config=generation,
+                stopping_criteria=[_StopStrings(config.stop, self.detokenize, width)] if config.stop else None,
+            )
+        rec.add(range(len(prompts)), "verify", t, rec.now())
+        logprobs = torch.stack(out.logits, 1).float().log_softmax(-1)  # (rows, steps, V), temperature 1
+        new = out.sequences[:, width:].cpu()
+        return [
+            self._result(p, new[i].tolist(), logprobs[i], config.stop, len(out.logits)) for i, p in enumerate(prompts)
+        ]
+
+    def _result(self, prompt, row: list[int], logprobs, stop: tuple[str, ...], steps: int) -> StreamResult:
+        tokens: list[int] = []
+        finish: FinishReason = "length"
+        for token in row:
+            tokens.append(token)
+            if token in self.eos_token_ids:
+                finish = "eos"
+                break
+            if stop and _hit_stop(tokens, stop, self.detokenize):
+                finish = "stop"
+                break
+        stats = DecodeStats(new_tokens=len(tokens), prompt_tokens=len(prompt), target_forwards=steps)
+        stats.verify_steps = len(tokens)
+        chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+        return StreamResult(prompt, tokens, finish, stats, chosen)
+
+
+class _StopStrings(StoppingCriteria):
+    """transformers stopping criterion: per row, whether its new text holds a stop string."""
+
+    def __init__(self, stop: tuple[str, ...], detokenize, prompt_width: int) -> None:
+        self.stop, self.detokenize, self.width = stop, detokenize, prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        rows = input_ids[:, self.width :].tolist()
+        return torch.tensor([_hit_stop(r, self.stop, self.detokenize) for r in rows], device=input_ids.device)
+
+
+def _hit_stop(tokens: list[int], stop: tuple[str, ...], detokenize) -> bool:
+    tail = detokenize(tokens[-32:])  # a stop string ends in the newest token (as in spectot's decoder)
+    return any(x in tail for x in stop)
