@@ -138,3 +138,27 @@ def test_speculative_prompts_prefilled_in_chunks_beside_primary_steps_decode_exa
     assert got == want[1:]
     assert first[:12] == want[0]  # the primary decodes exactly as alone, too
     assert engine.counters.prompt_tokens_prefilled >= sum(len(p) for p in long_prompts)
+
+
+def test_an_edd_draft_gets_the_target_hidden_states_in_the_continuous_engine(tiny_llama) -> None:
+    """The engine's session starts with no streams (an ``ar`` config); requests that decode with an EDD
+    draft join later and still get the target's hidden states: greedy tokens equal plain decoding."""
+    import torch
+
+    from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
+    from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
+
+    target = tiny_llama()
+    head_ids = torch.arange(0, 64, 2)
+    config = DraftDecoderConfig("edd", 1, -2, head_ids.numel(), fingerprint(target), target.config.to_dict())
+    draft = DraftDecoder.initialise(config, target, head_ids).eval()
+    decoder = Decoder(ModelRunner(target), proposer=DraftDecoderProposer(draft, ModelRunner(draft.model)))
+    want = reference(target, PROMPTS[:3], DecodeConfig(max_new_tokens=10), [0, 1, 2])
+    engine = ContinuousEngine(decoder)
+    try:
+        sd = DecodeConfig(max_new_tokens=10, method="sd", num_draft_tokens=3)
+        got = [f.result(timeout=60).token_ids for f in [engine.submit(p, sd, i) for i, p in enumerate(PROMPTS[:3])]]
+    finally:
+        engine.close()
+    assert got == want
+    assert engine.fill_rows == 0  # chunked prefill would skip the prompt's hidden states

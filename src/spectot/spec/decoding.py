@@ -390,7 +390,8 @@ class DecodeSession:
         self.batch.time_verify += time.perf_counter() - t
 
     def _hidden_layer(self) -> int | None:
-        return self.decoder.hidden_layer if self.config.method == "sd" else None
+        # every forward, whatever the session's first config: streams that join later may draft (EDD)
+        return self.decoder.hidden_layer
 
     def _verify(
         self, draft: Draft, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams, generator
