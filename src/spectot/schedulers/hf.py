@@ -17,7 +17,7 @@ from transformers import GenerationConfig, StoppingCriteria
 
 from spectot.schedulers.base import Level, Recorder
 from spectot.schedulers.timeline import Timeline
-from spectot.spec.decoding import FinishReason, StreamResult
+from spectot.spec.decoding import FinishReason, StreamResult, hit_stop
 from spectot.spec.stats import DecodeStats
 
 
@@ -74,7 +74,7 @@ class HFBatchedEngine:
             if token in self.eos_token_ids:
                 finish = "eos"
                 break
-            if stop and _hit_stop(tokens, stop, self.detokenize):
+            if stop and hit_stop(tokens, stop, self.detokenize):
                 finish = "stop"
                 break
         stats = DecodeStats(new_tokens=len(tokens), prompt_tokens=len(prompt), target_forwards=steps)
@@ -91,9 +91,4 @@ class _StopStrings(StoppingCriteria):
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         rows = input_ids[:, self.width :].tolist()
-        return torch.tensor([_hit_stop(r, self.stop, self.detokenize) for r in rows], device=input_ids.device)
-
-
-def _hit_stop(tokens: list[int], stop: tuple[str, ...], detokenize) -> bool:
-    tail = detokenize(tokens[-32:])  # a stop string ends in the newest token (as in spectot's decoder)
-    return any(x in tail for x in stop)
+        return torch.tensor([hit_stop(r, self.stop, self.detokenize) for r in rows], device=input_ids.device)

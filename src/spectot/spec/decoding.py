@@ -421,7 +421,7 @@ class DecodeSession:
             s.stats.new_tokens += 1
             if token in self.decoder.eos:
                 s.finish = "eos"
-            elif config.stop and self._hit_stop(s, config.stop):
+            elif config.stop and hit_stop(s.generated, config.stop, self.decoder.detokenize):
                 s.finish = "stop"
             elif len(s.generated) >= config.max_new_tokens:
                 s.finish = "length"
@@ -429,16 +429,18 @@ class DecodeSession:
                 return i + 1
         return len(new)
 
-    def _hit_stop(self, s: _Stream, stop: tuple[str, ...]) -> bool:
-        tail = self.decoder.detokenize(s.generated[-32:])  # a stop string ends in the newest token
-        return any(x in tail for x in stop)
-
     def result(self, s: _Stream) -> StreamResult:
         stats, batch = s.stats, self.batch
         stats.target_forwards = batch.target_forwards
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats, s.logprobs)
+
+
+def hit_stop(tokens: Sequence[int], stop: Sequence[str], detokenize: Callable[[list[int]], str]) -> bool:
+    """Whether the newest token completes a stop string (one ends in the newest token: 32 tokens suffice)."""
+    tail = detokenize(list(tokens[-32:]))
+    return any(x in tail for x in stop)
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
