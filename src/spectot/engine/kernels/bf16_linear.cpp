@@ -78,30 +78,39 @@ inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const
     }
 }
 
-// One output column for all rows, 8 rows at a time (then the leftover rows as one narrower block).
-void column(const float* x, int64_t rows, int64_t K, const uint16_t* w, float* out, int64_t ld) {
-  int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) tile<1, 8>(x + r * K, K, w, out + r * ld, ld);
-  switch (rows - r) {
-    case 7: tile<1, 7>(x + r * K, K, w, out + r * ld, ld); break;
-    case 6: tile<1, 6>(x + r * K, K, w, out + r * ld, ld); break;
-    case 5: tile<1, 5>(x + r * K, K, w, out + r * ld, ld); break;
-    case 4: tile<1, 4>(x + r * K, K, w, out + r * ld, ld); break;
-    case 3: tile<1, 3>(x + r * K, K, w, out + r * ld, ld); break;
-    case 2: tile<1, 2>(x + r * K, K, w, out + r * ld, ld); break;
-    case 1: tile<1, 1>(x + r * K, K, w, out + r * ld, ld); break;
+// JB output columns for one block of rb <= 8 rows.
+template <int JB>
+inline void block(const float* x, int64_t rb, int64_t K, const uint16_t* w, float* out, int64_t ld) {
+  switch (rb) {
+    case 8: tile<JB, 8>(x, K, w, out, ld); break;
+    case 7: tile<JB, 7>(x, K, w, out, ld); break;
+    case 6: tile<JB, 6>(x, K, w, out, ld); break;
+    case 5: tile<JB, 5>(x, K, w, out, ld); break;
+    case 4: tile<JB, 4>(x, K, w, out, ld); break;
+    case 3: tile<JB, 3>(x, K, w, out, ld); break;
+    case 2: tile<JB, 2>(x, K, w, out, ld); break;
+    case 1: tile<JB, 1>(x, K, w, out, ld); break;
     default: break;
   }
 }
 
 // Output columns [0, cols) for all rows. One row (an AR step): tiles of 8 columns, so 8 independent
-// FMA chains hide the FMA latency. Several rows: one column at a time with up to 8 rows in registers,
-// so each weight is converted once per forward. Both accumulate every element in the same order.
+// FMA chains hide the FMA latency. Several rows: blocks of 8 rows, and for each block one column at
+// a time with the block's rows in registers -- the block's inputs stay in L1 while the chunk's
+// weights stream from L2 (rows outer: measured 62 -> 49 ms of linears per 16-row forward of
+// SmolLM2; columns outer re-read every row from L2 once more than 8 rows were in flight). Every
+// element is accumulated in the same order whatever the blocking.
 void gemm_any(const float* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
-  int64_t c = 0;
-  if (rows == 1)
+  if (rows == 1) {
+    int64_t c = 0;
     for (; c + 8 <= cols; c += 8) tile<8, 1>(x, K, w + c * K, out + c, ld);
-  for (; c < cols; ++c) column(x, rows, K, w + c * K, out + c, ld);
+    for (; c < cols; ++c) tile<1, 1>(x, K, w + c * K, out + c, ld);
+    return;
+  }
+  for (int64_t r = 0; r < rows; r += 8) {
+    const int64_t rb = std::min<int64_t>(8, rows - r);
+    for (int64_t c = 0; c < cols; ++c) block<1>(x + r * K, rb, K, w + c * K, out + r * ld + c, ld);
+  }
 }
 
 }  // namespace
