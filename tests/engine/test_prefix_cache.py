@@ -43,13 +43,13 @@ def test_fork_reuses_the_longest_prefix_and_holds_exactly_it(kv) -> None:
     prefix = PrefixCache(kv, max_tokens=100, min_match=2)
     prefix.keep(make_stream(kv, [1, 2, 3, 4, 5, 6]), [1, 2, 3, 4, 5, 6])
     prefix.keep(make_stream(kv, [1, 2, 7, 8]), [1, 2, 7, 8])
-    sid, n = prefix.fork([1, 2, 3, 4, 9, 9])
+    sid, n, _ = prefix.fork([1, 2, 3, 4, 9, 9])
     assert n == 4 and held_tokens(kv, sid) == [1, 2, 3, 4]
-    sid2, n2 = prefix.fork([1, 2, 7, 5])
+    sid2, n2, _ = prefix.fork([1, 2, 7, 5])
     assert n2 == 3 and held_tokens(kv, sid2) == [1, 2, 7]
     assert (prefix.hits, prefix.reused_tokens) == (2, 7)
     used = kv.used
-    fresh, n3 = prefix.fork([9, 9, 9])  # no prefix of length >= min_match
+    fresh, n3, _ = prefix.fork([9, 9, 9])  # no prefix of length >= min_match
     assert n3 == 0 and kv.length(fresh) == 0 and kv.used == used
 
 
@@ -172,3 +172,21 @@ def test_an_error_mid_call_releases_its_streams_instead_of_caching_them(tiny_lla
     assert decoder.prefix_cache.held_tokens == len(PROMPT)
     decoder.prefix_cache.clear()
     assert decoder.runner.cache.used == 0
+
+
+def test_hidden_states_travel_with_their_entries_and_only_to_forks_that_ask_for_their_layer(kv) -> None:
+    prefix = PrefixCache(kv, max_tokens=100, min_match=2)
+    hidden = torch.arange(5.0)[:, None].expand(5, 3)  # one row per token
+    prefix.keep(make_stream(kv, [1, 2, 3, 4, 5]), [1, 2, 3, 4, 5], hidden, hidden_layer=-4)
+    prefix.keep(make_stream(kv, [7, 8, 9]), [7, 8, 9])  # no hidden states
+    sid, n, rows = prefix.fork([1, 2, 3, 9], hidden_layer=-4)
+    assert n == 3 and held_tokens(kv, sid) == [1, 2, 3] and rows.equal(hidden[:3])
+    assert prefix.fork([1, 2, 3, 9], hidden_layer=-2).length == 0  # another layer's states are no use
+    assert prefix.fork([7, 8, 9, 1], hidden_layer=-4).length == 0  # kept without any
+    plain = prefix.fork([7, 8, 1])
+    assert plain.length == 2 and plain.hidden is None
+    # an entry with hidden states is not "covered" by a longer one without them
+    prefix.keep(make_stream(kv, [7, 8]), [7, 8], hidden[:2], hidden_layer=-4)
+    assert prefix.fork([7, 8, 5], hidden_layer=-4).length == 2
+    with pytest.raises(ValueError, match="one row per token"):
+        prefix.keep(make_stream(kv, [6, 6, 6]), [6, 6, 6], hidden[:2], hidden_layer=-4)

@@ -302,3 +302,41 @@ def test_greedy_top_k_siblings_are_the_drafts_best_tokens(dist_target) -> None:
     assert d.tokens.tolist() == draft.head_ids[best.indices].tolist()
     torch.testing.assert_close(d.confidence, best.values)
     assert float(d.confidence.max()) < 1.0
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
+def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sampling) -> None:
+    """A search's child prompt extends its parent's sequence. Under an EDD draft the prefix cache hands
+    back the reused prefix's KV *and* its hidden states, so the draft proposes what it would after a
+    full prefill: the same tokens, accepted drafts and draft confidences (fp32). The draft's hidden
+    projection is randomised so that wrong or misplaced hidden states show (an untrained draft
+    barely reads them: reversing the cached rows moved its confidences by only 2e-5)."""
+    edd = make_draft(target, "edd", HEAD_IDS)
+    with torch.no_grad():
+        edd.hidden_proj.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+    prompt0 = [3, 17, 42, 8, 21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38, 5, 19, 23]  # above MIN_SHARED_PREFIX
+    config = DecodeConfig(method="sd", max_new_tokens=10, sampling=sampling, num_draft_tokens=3)
+
+    def search(cache_tokens: int) -> tuple[list, list, torch.Tensor, int, int]:
+        decoder = Decoder(ModelRunner(target), proposer=proposer(edd), prefix_cache_tokens=cache_tokens)
+        outputs, accepted, confidence, prefilled, prompt = [], [], [], 0, prompt0
+        for depth in range(3):
+            with decoder.session([prompt, prompt[:-1] + [44]], config, [depth, depth + 100]) as session:
+                session.prefill(session.streams)
+                while active := [s for s in session.streams if s.finish is None]:
+                    session.verify(active, session.propose(active))
+                prefilled += session.prefilled_tokens
+            results = session.results()
+            outputs += [r.token_ids for r in results]
+            accepted += [r.stats.accepted_by_position for r in results]
+            confidence += [r.stats.calibration_confidence for r in results]
+            prompt = prompt + results[0].token_ids + [4, 6]  # the child's prompt extends its parent
+        return outputs, accepted, torch.tensor(confidence), decoder.prefix_cache.hits, prefilled
+
+    plain, plain_accepted, plain_confidence, no_hits, prefilled_plain = search(0)
+    cached, cached_accepted, cached_confidence, hits, prefilled = search(4096)
+    assert no_hits == 0 and hits >= 2
+    assert prefilled < prefilled_plain / 2
+    assert sum(map(sum, plain_accepted)) > 0  # the drafts are tested, not just empty
+    assert (cached, cached_accepted) == (plain, plain_accepted)
+    assert torch.allclose(cached_confidence, plain_confidence, rtol=0, atol=1e-6)

@@ -12,6 +12,10 @@ it (their slots stay shared through the forks), and a sequence that is a prefix 
 kept. Past ``max_tokens`` (the sum of entry lengths: an upper bound on the slots held) the least
 recently used entries go, down to 3/4 of it, so eviction's slot shifting happens in batches.
 
+An entry may also carry the target's hidden states of one layer at its tokens (what an EDD draft
+reads for every token it drafts after): ``fork(tokens, hidden_layer=i)`` matches only entries kept
+with layer i's states and hands back the prefix's rows.
+
 Worked example: keep A = [1 2 3 4 5 6]; prompt [1 2 3 4 9] forks A truncated to 4 tokens and runs
 only [9]; keep B = [1 2 3 4 5 6 7 8] then replaces A (A is B's prefix).
 """
@@ -20,9 +24,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
+import torch
 
 
 class _Streams(Protocol):  # the part of ModelRunner the cache uses
@@ -31,12 +36,19 @@ class _Streams(Protocol):  # the part of ModelRunner the cache uses
     def truncate(self, stream: int, length: int) -> None: ...
 
 
+class Fork(NamedTuple):
+    sid: int  # a new stream
+    length: int  # tokens of the prefix whose KV it holds (0: none)
+    hidden: torch.Tensor | None  # (length, H): their hidden states, when asked for a layer's and length > 0
+
+
 class PrefixCache:
     def __init__(self, streams: _Streams, max_tokens: int = 16384, min_match: int = 16) -> None:
         if max_tokens < 0 or min_match < 1:
             raise ValueError(f"max_tokens must be >= 0 and min_match >= 1, got {max_tokens} and {min_match}")
         self.streams, self.max_tokens, self.min_match = streams, max_tokens, min_match
         self._entries: OrderedDict[int, np.ndarray] = OrderedDict()  # stream -> its tokens, least recent first
+        self._hidden: dict[int, tuple[int, torch.Tensor]] = {}  # stream -> (layer, hidden states of its tokens)
         self.held_tokens = 0
         self.hits = 0
         self.reused_tokens = 0
@@ -44,11 +56,14 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, tokens: Sequence[int]) -> tuple[int | None, int]:
-        """The entry sharing the longest prefix with ``tokens`` and that prefix's length (None, 0 if none)."""
+    def longest(self, tokens: Sequence[int], hidden_layer: int | None = None) -> tuple[int | None, int]:
+        """The entry sharing the longest prefix with ``tokens`` and that prefix's length (None, 0 if none);
+        with ``hidden_layer``, among the entries that carry that layer's hidden states."""
         query = np.asarray(tokens, dtype=np.int64)
         best, best_len = None, 0
         for sid, held in self._entries.items():
+            if hidden_layer is not None and self._hidden.get(sid, (None,))[0] != hidden_layer:
+                continue
             n = min(len(held), len(query))
             differ = np.flatnonzero(held[:n] != query[:n])
             common = int(differ[0]) if differ.size else n
@@ -56,29 +71,38 @@ class PrefixCache:
                 best, best_len = sid, common
         return best, best_len
 
-    def fork(self, tokens: Sequence[int]) -> tuple[int, int]:
+    def fork(self, tokens: Sequence[int], hidden_layer: int | None = None) -> Fork:
         """A new stream holding the KV of the longest cached prefix of ``tokens`` (at least
-        ``min_match`` tokens, else none): (stream, tokens it holds). The caller prefills the rest."""
-        source, length = self.longest(tokens)
+        ``min_match`` tokens, else none), with that prefix's hidden states of ``hidden_layer`` if
+        asked for (only entries kept with them match). The caller prefills the rest."""
+        source, length = self.longest(tokens, hidden_layer)
         if source is None or length < self.min_match:
-            return self.streams.new_stream(), 0
+            return Fork(self.streams.new_stream(), 0, None)
         self._entries.move_to_end(source)
         sid = self.streams.new_stream(fork_of=source)
         self.streams.truncate(sid, length)
         self.hits += 1
         self.reused_tokens += length
-        return sid, length
+        return Fork(sid, length, None if hidden_layer is None else self._hidden[source][1][:length])
 
-    def keep(self, sid: int, tokens: Sequence[int]) -> None:
-        """Take over stream ``sid``, whose KV holds exactly ``tokens``; it is released when evicted."""
+    def keep(
+        self, sid: int, tokens: Sequence[int], hidden: torch.Tensor | None = None, hidden_layer: int | None = None
+    ) -> None:
+        """Take over stream ``sid``, whose KV holds exactly ``tokens`` (and ``hidden``: the hidden
+        states of ``hidden_layer`` at them, for drafts that read them); it is released when evicted."""
         held = np.asarray(tokens, dtype=np.int64)
-        if self.max_tokens == 0 or len(held) < self.min_match or self._covered(held):
+        if hidden is not None and (hidden_layer is None or len(hidden) != len(held)):
+            raise ValueError(f"hidden states need their layer and one row per token ({len(hidden)} for {len(held)})")
+        layer = None if hidden is None else hidden_layer
+        if self.max_tokens == 0 or len(held) < self.min_match or self._covered(held, layer):
             self.streams.release(sid)
             return
         for other, other_tokens in list(self._entries.items()):  # entries that are prefixes of this one
             if len(other_tokens) <= len(held) and np.array_equal(held[: len(other_tokens)], other_tokens):
                 self._drop(other)
         self._entries[sid] = held
+        if hidden is not None:
+            self._hidden[sid] = (hidden_layer, hidden)
         self.held_tokens += len(held)
         if self.held_tokens > self.max_tokens:
             while self._entries and self.held_tokens > self.max_tokens * 3 // 4:
@@ -88,11 +112,16 @@ class PrefixCache:
         for sid in list(self._entries):
             self._drop(sid)
 
-    def _covered(self, held: np.ndarray) -> bool:
+    def _covered(self, held: np.ndarray, hidden_layer: int | None) -> bool:
+        """An entry extends ``held`` already (and carries the same hidden states, if ``held`` has some)."""
         return any(
-            len(other) >= len(held) and np.array_equal(other[: len(held)], held) for other in self._entries.values()
+            len(other) >= len(held)
+            and np.array_equal(other[: len(held)], held)
+            and (hidden_layer is None or self._hidden.get(sid, (None,))[0] == hidden_layer)
+            for sid, other in self._entries.items()
         )
 
     def _drop(self, sid: int) -> None:
         self.held_tokens -= len(self._entries.pop(sid))
+        self._hidden.pop(sid, None)
         self.streams.release(sid)

@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from spectot.engine.prefix_cache import PrefixCache
+from spectot.engine.prefix_cache import Fork, PrefixCache
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer
@@ -73,6 +73,7 @@ class _Stream:
     stats: DecodeStats = field(default_factory=DecodeStats)
     finish: FinishReason | None = None
     unseen_hidden: list[torch.Tensor] = field(default_factory=list)  # target hidden states not yet given to the draft
+    hidden: list[torch.Tensor] = field(default_factory=list)  # all of them, for the prefix cache (EDD drafts)
     to_fill: int = 0  # prompt tokens still to run when prefilled in chunks (``begin``); its own prompt KV then
     chunked: bool = False
 
@@ -157,8 +158,8 @@ class DecodeSession:
         self.batch = DecodeStats()
         self._t0 = time.perf_counter()
         self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
-        # an EDD draft needs the target's hidden states of every prompt token: those are not cached
-        self.prefix_cache = decoder.prefix_cache if decoder.hidden_layer is None else PrefixCache(self.runner, 0)
+        # an EDD draft reads the target's hidden states of every token: its entries carry them
+        self.prefix_cache = decoder.prefix_cache
         self.prefilled_tokens = 0  # prompt tokens run through the target (not shared, not cached)
         self.cached_tokens = 0  # prompt tokens whose KV was already there (the prefix cache, a shared header)
         self.streams: list[_Stream] = []  # live and finished streams, released ones excluded
@@ -205,7 +206,9 @@ class DecodeSession:
         if s.sid is not None:
             if keep:
                 held = (s.prompt + s.generated)[: self.runner.stream_len(s.sid)]  # tokens whose KV it has
-                self.prefix_cache.keep(s.sid, held)
+                layer = self._hidden_layer()
+                hidden = torch.cat(s.hidden)[: len(held)] if layer is not None and s.hidden else None
+                self.prefix_cache.keep(s.sid, held, hidden, layer if hidden is not None else None)
             else:
                 self.runner.release(s.sid)
             s.sid = None
@@ -220,7 +223,7 @@ class DecodeSession:
     def _free_prompt(self, prompt: tuple[int, ...], keep: bool) -> None:
         entry = self._prompts.pop(prompt)
         if keep:
-            self.prefix_cache.keep(entry.sid, prompt)
+            self.prefix_cache.keep(entry.sid, prompt, entry.hidden, self._hidden_layer())
         else:
             self.runner.release(entry.sid)
 
@@ -258,6 +261,7 @@ class DecodeSession:
             entry.users += 1
             if hidden_layer is not None:
                 s.unseen_hidden.append(entry.hidden)
+                s.hidden.append(entry.hidden)
             s.stats.prompt_tokens = len(s.prompt)
             token = self._sample_one(entry.logits, s.config.sampling, s.generator)
             self._emit(s, [token], _logprobs(entry.logits[None], [token]))
@@ -269,52 +273,50 @@ class DecodeSession:
         if self.decoder.hidden_layer is not None:
             raise ValueError("chunked prefill needs no draft hidden states: an EDD draft reads every prompt token's")
         for s in streams:
-            s.sid, cached = self.prefix_cache.fork(s.prompt[:-1])
+            s.sid, cached, _ = self.prefix_cache.fork(s.prompt[:-1])
             s.to_fill, s.chunked = len(s.prompt) - cached, True
             self.cached_tokens += cached
 
     def _prefill_prompts(self, prompts: list[tuple[int, ...]]) -> None:
         """One forward over the new prompts, each forked from its longest cached prefix (at least its
         last token runs, for the logits). A prefix all of them share beyond what the cache holds (a
-        few-shot header) runs once first. Without a prefix cache (EDD drafts, which need the target's
-        hidden states of every prompt token) only that shared prefix is reused."""
-        hidden_layer = self._hidden_layer()
+        few-shot header) runs once first. Under an EDD draft the cache hands back the hidden states
+        of what it reuses, and keeps them with what it keeps."""
+        layer = self._hidden_layer()
         shared = _common_prefix_len(prompts) if len(prompts) > 1 else 0
-        base, base_hidden = None, None
-        if shared - self.prefix_cache.longest(prompts[0][:shared])[1] >= MIN_SHARED_PREFIX:
-            base, cached = self.prefix_cache.fork(prompts[0][:shared])
+        base = None
+        if shared - self.prefix_cache.longest(prompts[0][:shared], layer)[1] >= MIN_SHARED_PREFIX:
+            base = self.prefix_cache.fork(prompts[0][:shared], layer)
             out = self.runner.forward(
-                [StreamTree(base, TokenTree.chain(prompts[0][cached:shared]))],
+                [StreamTree(base.sid, TokenTree.chain(prompts[0][base.length : shared]))],
                 last_only=True,
-                hidden_layer=hidden_layer,
+                hidden_layer=layer,
             )
             self.runner.commit_all()
             self.batch.target_forwards += 1
-            self.prefilled_tokens += shared - cached
-            self.cached_tokens += cached
-            base_hidden = None if out.hidden is None else out.hidden[0]
+            self.prefilled_tokens += shared - base.length
+            self.cached_tokens += base.length
+            base = Fork(base.sid, shared, None if layer is None else _join(base.hidden, out.hidden[0]))
             if self.prefix_cache.max_tokens:  # the prompts find it in the cache, with anything longer
-                self.prefix_cache.keep(base, prompts[0][:shared])
+                self.prefix_cache.keep(base.sid, prompts[0][:shared], base.hidden, layer)
                 base = None
         if base is None:
-            forks = [self.prefix_cache.fork(p[:-1]) for p in prompts]
+            forks = [self.prefix_cache.fork(p[:-1], layer) for p in prompts]
         else:
-            forks = [(self.runner.new_stream(fork_of=base), shared) for _ in prompts]
-        trees = [StreamTree(sid, TokenTree.chain(list(p[cached:]))) for (sid, cached), p in zip(forks, prompts)]
-        out = self.runner.forward(trees, last_only=True, hidden_layer=hidden_layer)
+            forks = [base._replace(sid=self.runner.new_stream(fork_of=base.sid)) for _ in prompts]
+        trees = [StreamTree(f.sid, TokenTree.chain(list(p[f.length :]))) for f, p in zip(forks, prompts)]
+        out = self.runner.forward(trees, last_only=True, hidden_layer=layer)
         self.runner.commit_all()
         self.batch.target_forwards += 1
         self.prefilled_tokens += sum(len(st.tree) for st in trees)
-        self.cached_tokens += sum(cached for _, cached in forks)
-        for i, (p, (sid, _)) in enumerate(zip(prompts, forks)):
-            hidden = None
-            if out.hidden is not None:
-                hidden = out.hidden[i] if base_hidden is None else torch.cat([base_hidden, out.hidden[i]])
-            self._prompts[p] = _PromptEntry(sid, out.logits[i][0], hidden)
+        self.cached_tokens += sum(f.length for f in forks)
+        for i, (p, f) in enumerate(zip(prompts, forks)):
+            hidden = None if layer is None else _join(f.hidden, out.hidden[i])
+            self._prompts[p] = _PromptEntry(f.sid, out.logits[i][0], hidden)
             if self.prefix_cache.max_tokens:  # later prompts of this call find it too (a serial engine's next one)
-                self.prefix_cache.keep(self.runner.new_stream(fork_of=sid), p)
+                self.prefix_cache.keep(self.runner.new_stream(fork_of=f.sid), p, hidden, layer)
         if base is not None:
-            self.runner.release(base)
+            self.runner.release(base.sid)
 
     def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
         """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
@@ -377,6 +379,7 @@ class DecodeSession:
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
             if out.hidden is not None:
                 s.unseen_hidden.append(out.hidden[i][accepted[s.sid]])
+                s.hidden.append(s.unseen_hidden[-1])
         for s, tokens in chunks:
             accepted[s.sid] = list(range(len(tokens)))
         self.runner.commit(accepted)
@@ -453,6 +456,10 @@ def _logprobs(logits: torch.Tensor, tokens: Sequence[int]) -> list[float]:
     """log p(token_i) under the raw target distribution at row i of ``logits`` (R, V)."""
     rows = logits[: len(tokens)].float().log_softmax(-1)
     return rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+
+
+def _join(prefix: torch.Tensor | None, rest: torch.Tensor) -> torch.Tensor:
+    return rest if prefix is None else torch.cat([prefix, rest])
 
 
 def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
