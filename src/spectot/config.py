@@ -54,6 +54,26 @@ def parse_acceptance(text: str) -> list[float]:
             values = [float(x) for x in text.split(",")]
         except ValueError:
             raise ValueError(f"acceptance: '{text}' is neither a file nor comma-separated numbers") from None
+    return _checked_acceptance(values)
+
+
+def acceptance_by_temperature(path: str) -> dict[float, list[float]]:
+    """A draft's acceptance vectors by sampling temperature from its ``acceptance.json``: the
+    'acceptance_by_temperature' table when the file has one, else {its 'temperature' (0): 'acceptance'}."""
+    import json
+    from pathlib import Path
+
+    record = json.loads(Path(path).read_text())
+    table = record.get("acceptance_by_temperature") if isinstance(record, dict) else None
+    if not table:
+        return {float(record.get("temperature", 0.0)): parse_acceptance(path)}
+    try:
+        return {float(t): _checked_acceptance(v) for t, v in table.items()}
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: bad 'acceptance_by_temperature' ({err})") from None
+
+
+def _checked_acceptance(values: list) -> list[float]:
     if not values or any(not 0 <= v <= 1 for v in values) or sum(values) > 1 + 1e-6:
         raise ValueError(f"acceptance: need probabilities in [0, 1] summing to <= 1, got {values}")
     return [float(v) for v in values]

@@ -26,7 +26,7 @@ from spectot.spec.proposers.draft_model import DraftModelProposer
 from spectot.spec.proposers.ngram import NgramProposer
 from spectot.spec.sampling import SamplingParams
 from spectot.spec.stats import DecodeStats
-from spectot.spec.trees.dynamic import TreePolicy
+from spectot.spec.trees.dynamic import TreeBudget, TreePolicy
 
 
 @dataclass
@@ -257,15 +257,16 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     raise ValueError(f"unknown engine '{name}'")
 
 
-def draft_acceptance(draft: DraftOptions, target: str) -> list[float] | None:
-    """The draft's positional acceptance vector: --acceptance, else the one shipped with the draft."""
-    from spectot.config import parse_acceptance
+def draft_acceptance(draft: DraftOptions, target: str) -> dict[float, list[float]] | None:
+    """The draft's positional acceptance vectors by sampling temperature: --acceptance (for every
+    temperature), else the ones shipped with the draft (``acceptance.json``)."""
+    from spectot.config import acceptance_by_temperature, parse_acceptance
 
     if draft.acceptance:
-        return parse_acceptance(draft.acceptance)
+        return {0.0: parse_acceptance(draft.acceptance)}
     folder = draft_decoder_folder(draft.draft, target)
     if folder is not None and (folder / "acceptance.json").is_file():
-        return parse_acceptance(str(folder / "acceptance.json"))
+        return acceptance_by_temperature(str(folder / "acceptance.json"))
     return None
 
 
@@ -276,24 +277,32 @@ def measure_solve_costs(pipe: Pipeline, proposer: Proposer) -> dict:
     return measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=64, reps=2)
 
 
-def tree_by_streams(acceptance: list[float] | None, costs: dict, max_nodes: int = 32, max_depth: int = 8):
-    """B -> the Sequoia tree per stream that Sequoia's hardware-aware rule picks when B streams share
-    each forward (few streams -> big trees, many -> small; None: plain decoding wins, a chain of 1)."""
+def tree_by_streams(
+    acceptance: dict[float, list[float]] | None, costs: dict, max_nodes: int = 32, max_depth: int = 8
+) -> TreeBudget | None:
+    """(B, sampling) -> the Sequoia tree per stream that Sequoia's hardware-aware rule picks when B
+    streams share each forward (few streams -> big trees, many -> small), from the acceptance
+    vector measured at the temperature nearest the streams' (greedy = 0): a draft accepts less of
+    temperature-1 thoughts than of greedy values, so their trees are smaller."""
     from functools import cache
 
     from spectot.spec.trees.dynamic import StaticPolicy
     from spectot.spec.trees.sequoia import sequoia_tree
     from spectot.spec.trees.sizing import TCurve, choose_tree_size
 
-    if acceptance is None:
+    if not acceptance:
         return None
     curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
-    table = sequoia_tree(acceptance, max_nodes, max_depth).table
     c = float(costs.get("c", 0.0))  # a whole draft call (catch-up + one depth): the conservative cost
 
     @cache
-    def policy(streams: int) -> StaticPolicy:
-        choice = choose_tree_size(table, curve, c, streams=max(1, streams))
-        return StaticPolicy(tuple(sequoia_tree(acceptance, choice.n, choice.d).parents))
+    def tree(streams: int, measured_at: float) -> StaticPolicy:
+        vector = acceptance[measured_at]
+        choice = choose_tree_size(sequoia_tree(vector, max_nodes, max_depth).table, curve, c, streams=streams)
+        return StaticPolicy(tuple(sequoia_tree(vector, choice.n, choice.d).parents))
+
+    def policy(streams: int, sampling: SamplingParams) -> StaticPolicy:
+        temperature = 0.0 if sampling.greedy else sampling.temperature
+        return tree(max(1, streams), min(acceptance, key=lambda t: abs(t - temperature)))
 
     return policy

@@ -36,7 +36,7 @@ def test_greedy_staggered_requests_equal_plain_decoding(tiny_llama, method, tree
     want = reference(target, PROMPTS, DecodeConfig(max_new_tokens=16), seeds)
     policy = StaticPolicy(tuple(k_config_tree(tree))) if tree else None
     decoder = Decoder(ModelRunner(target), proposer=NgramProposer(width=2) if method == "sd" else None)
-    engine = ContinuousEngine(decoder, budget=(lambda b: policy) if policy else None)
+    engine = ContinuousEngine(decoder, budget=(lambda b, sampling: policy) if policy else None)
     try:
         futures = []
         for p, seed in zip(PROMPTS, seeds):

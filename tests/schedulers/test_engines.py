@@ -60,7 +60,9 @@ def engines(target):
         "batched-sd": (BatchedEngine(decoder("ngram"), "batched-sd"), "sd"),
         "seed": (SeedEngine(decoder("edd", tree)), "sd"),
         "seed-batched": (
-            SeedEngine(decoder("edd"), "seed-batched", batched=True, budget=lambda b: tree if b < 4 else None),
+            SeedEngine(
+                decoder("edd"), "seed-batched", batched=True, budget=lambda b, sampling: tree if b < 4 else None
+            ),
             "sd",
         ),
     }
@@ -122,3 +124,39 @@ def test_seed_verifies_while_drafting_and_records_waits(target) -> None:
     assert all(len(v) == 1 for k, v in starts.items() if k != spans[0])  # the first span is the batched prefill
     assert draft and {i.stream for i in draft} == set(range(len(PROMPTS)))
     assert 0.0 < timeline.target_utilisation() <= 1.0
+
+
+# -- tree budgets: Sequoia's hardware-aware rule, per number of streams and sampling temperature --------
+COSTS = {"t_curve": [{"n": 1, "t": 1.0}, {"n": 4, "t": 1.1}, {"n": 16, "t": 2.5}, {"n": 64, "t": 8.7}], "c": 0.0}
+
+
+def test_budget_sizes_trees_from_the_acceptance_measured_nearest_the_streams_temperature() -> None:
+    from spectot.pipeline import tree_by_streams
+
+    by_temperature = {0.0: [0.7, 0.15, 0.05], 1.0: [0.15, 0.05, 0.02]}
+    budget = tree_by_streams(by_temperature, COSTS)
+    greedy, hot = SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)
+    warm = SamplingParams(do_sample=True, temperature=0.3)  # nearer 0: the greedy vector
+    size = {name: len(budget(1, s).parents) for name, s in (("greedy", greedy), ("hot", hot), ("warm", warm))}
+    assert size["greedy"] > size["hot"] and size["warm"] == size["greedy"]
+    assert len(budget(16, greedy).parents) < size["greedy"]  # many streams share the forward: smaller trees
+    only = tree_by_streams({0.0: [0.7, 0.15, 0.05]}, COSTS)  # one vector (--acceptance) serves every temperature
+    assert only(1, hot).parents == budget(1, greedy).parents
+    assert tree_by_streams(None, COSTS) is None
+
+
+def test_acceptance_tables_are_read_by_temperature(tmp_path) -> None:
+    import json
+
+    from spectot.config import acceptance_by_temperature
+
+    table = tmp_path / "acceptance.json"
+    table.write_text(json.dumps({"acceptance": [0.5], "acceptance_by_temperature": {"0.0": [0.5], "1.0": [0.2, 0.1]}}))
+    assert acceptance_by_temperature(str(table)) == {0.0: [0.5], 1.0: [0.2, 0.1]}
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"acceptance": [0.4, 0.2], "temperature": 0.6}))
+    assert acceptance_by_temperature(str(plain)) == {0.6: [0.4, 0.2]}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"acceptance": [0.5], "acceptance_by_temperature": {"1.0": [0.9, 0.9]}}))
+    with pytest.raises(ValueError, match="acceptance_by_temperature"):
+        acceptance_by_temperature(str(bad))

@@ -9,20 +9,19 @@ trees, many -> small).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from spectot.schedulers.base import Level, Recorder
 from spectot.schedulers.timeline import Timeline
 from spectot.spec.decoding import Decoder, StreamResult
-from spectot.spec.trees.dynamic import TreePolicy
+from spectot.spec.trees.dynamic import TreeBudget
 
 
 @dataclass
 class BatchedEngine:
     decoder: Decoder
     name: str = "batched-ar"
-    budget: Callable[[int], TreePolicy | None] | None = None  # streams B -> tree per stream (None: the proposer's)
+    budget: TreeBudget | None = None  # (streams B, sampling) -> tree per stream (None: the proposer's)
 
     def run(self, level: Level, timeline: Timeline | None = None) -> list[StreamResult]:
         rec = Recorder(timeline, level)
@@ -33,7 +32,7 @@ class BatchedEngine:
             rec.add([s.key for s in session.streams], "verify", t, rec.now())
             while active:
                 keys = [s.key for s in active]
-                policy = self.budget(len(active)) if self.budget is not None else None
+                policy = self.budget(len(active), level.config.sampling) if self.budget is not None else None
                 t = rec.now()
                 drafts = session.propose(active, policy)
                 t_verify = rec.now()

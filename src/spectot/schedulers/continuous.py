@@ -30,7 +30,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
-from spectot.spec.trees.dynamic import TreePolicy
+from spectot.spec.trees.dynamic import TreeBudget
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ContinuousEngine:
         self,
         decoder: Decoder,
         max_streams: int = 64,
-        budget: Callable[[int], TreePolicy | None] | None = None,  # live streams B -> tree per stream
+        budget: TreeBudget | None = None,  # (live streams B, sampling) -> tree per stream
         name: str = "continuous",
         fill_rows: int = 8,  # forward rows speculative prompts may fill beside primary steps (0: prefill at once)
     ) -> None:
@@ -177,8 +177,7 @@ class ContinuousEngine:
             return
         self.counters.max_live = max(self.counters.max_live, len(active))
         before = {s.key: len(s.generated) for s in active + waiting}
-        policy = self.budget(len(active)) if self.budget is not None else None
-        drafts = session.propose(active, policy)
+        drafts = self._propose(session, active)
         free = self.fill_rows - sum(1 + d.tokens.numel() for d in drafts)  # rows left beside the primary steps
         if not active:  # nothing decodes: prefill the rest at once
             free = sum(s.to_fill for s in waiting)
@@ -194,6 +193,17 @@ class ContinuousEngine:
         self.counters.prompt_tokens_prefilled = session.prefilled_tokens
         done_filling = [s for s, _ in filling if not s.to_fill]
         self._update(session, live, streams, active + done_filling, before)
+
+    def _propose(self, session, active: list) -> list:
+        """Drafts for the live streams; with a budget, each sampling's streams get the tree it picks
+        for that sampling and the number of streams sharing the forward."""
+        if self.budget is None:
+            return session.propose(active)
+        drafts = {}
+        for sampling in dict.fromkeys(s.config.sampling for s in active):
+            group = [s for s in active if s.config.sampling == sampling]
+            drafts.update(zip((s.key for s in group), session.propose(group, self.budget(len(active), sampling))))
+        return [drafts[s.key] for s in active]
 
     def _update(self, session, live, streams, touched, before: dict[int, int]) -> None:
         for s in touched:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from spectot.schedulers.base import Level, Recorder
 from spectot.schedulers.timeline import Timeline
 from spectot.spec.decoding import Decoder, StreamResult
-from spectot.spec.trees.dynamic import TreePolicy
+from spectot.spec.trees.dynamic import TreeBudget
 
 
 @dataclass
@@ -34,7 +33,7 @@ class SeedEngine:
     decoder: Decoder
     name: str = "seed"
     batched: bool = False  # seed-batched: verify every queued stream in one forward, draft waiting streams together
-    budget: Callable[[int], TreePolicy | None] | None = None  # streams B -> tree per stream (batched)
+    budget: TreeBudget | None = None  # (streams B, sampling) -> tree per stream (batched)
 
     def run(self, level: Level, timeline: Timeline | None = None) -> list[StreamResult]:
         if self.decoder.proposer is None:
@@ -86,7 +85,7 @@ class _Rounds:
                     batch = list(self.to_draft) if self.batched else [self.to_draft[0]]
                     for _ in batch:
                         self.to_draft.popleft()
-                    policy = self.budget(self.running) if self.budget is not None else None
+                    policy = self.budget(self.running, self.session.config.sampling) if self.budget else None
                 t = self.rec.now()
                 drafts = self.session.propose(batch, policy)
                 end = self.rec.now()

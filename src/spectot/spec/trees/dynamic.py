@@ -48,6 +48,8 @@ from typing import Protocol
 
 import torch
 
+from spectot.spec.sampling import SamplingParams
+
 
 class TreePolicy(Protocol):
     """How a drafter grows and trims a draft tree; see the module docstring for the conventions."""
@@ -75,6 +77,10 @@ class TreePolicy(Protocol):
     def finalize(self, parents: list[int], path_conf: list[float]) -> list[int]:
         """parents[0] = -1, path_conf[0] = 1 -> sorted kept nodes, containing 0 and closed under ancestors."""
         ...
+
+
+# (streams sharing the forward, their sampling) -> the tree each drafts (None: the proposer's own)
+TreeBudget = Callable[[int, "SamplingParams"], "TreePolicy | None"]
 
 
 # ---------------------------------------------------------------------------------------------------------
