@@ -1,7 +1,8 @@
 #!/bin/bash
 # Reproduces the shipped drafts for smollm2-135m (src/spectot/models/drafts/smollm2-135m-{edd,vdm}).
 # Run from the repository root with `.venv` built (`make setup`) and ../shared/data beside the repo.
-# CPU time on a 2-core AVX2 machine: corpus ~10 min, features ~20 min, EDD ~25 min, VDM ~6 min.
+# CPU time on a 2-core AVX2 machine: corpus ~10 min, VDM features ~10 min + training ~6 min, EDD features
+# (550k tokens) ~35 min + training ~20 min (2 threads).
 set -euo pipefail
 . .venv/bin/activate
 DATA=../shared/data
@@ -25,9 +26,14 @@ PY
 spectot generate --prompts $WORK/prompts.jsonl --batch-size 16 --max-new-tokens 256 --method sd --draft ngram \
   --json > $WORK/self_generated.jsonl
 head -305 $DATA/gsm8k/train.jsonl > $WORK/gsm8k_train_305.jsonl
+head -3000 $DATA/gsm8k/train.jsonl > $WORK/gsm8k_train_3000.jsonl
 
-# 3. Features once (fp32 target: the fastest CPU path for long sequences), then both drafts.
-COMMON="--corpus $WORK/self_generated.jsonl --corpus $WORK/gsm8k_train_305.jsonl --features $WORK/features
-        --dtype fp32 --kernels torch --lr 1e-3"
-spectot train-draft $COMMON --kind edd --epochs 12 --out $WORK/edd
-spectot train-draft $COMMON --kind vdm --epochs 3 --out $WORK/vdm
+# 3. Features (fp32 target: the fastest CPU path for long sequences), then the drafts.
+#    VDM: 66k tokens (the answers + 305 GSM8K train Q/A), 3 epochs.
+spectot train-draft --corpus $WORK/self_generated.jsonl --corpus $WORK/gsm8k_train_305.jsonl \
+  --features $WORK/features_305 --dtype fp32 --kernels torch --lr 1e-3 --kind vdm --epochs 3 --out $WORK/vdm
+#    EDD: 550k tokens (the answers + 3,000 GSM8K train Q/A), 3 epochs (the first shipped EDD, 66k tokens
+#    x 12 epochs, is the `edd-66k` row of `spectot bench drafts`).
+spectot train-draft --corpus $WORK/self_generated.jsonl --corpus $WORK/gsm8k_train_3000.jsonl \
+  --features $WORK/features_3000 --dtype fp32 --kernels torch --threads 2 --lr 1e-3 --kind edd --epochs 3 \
+  --out $WORK/edd
