@@ -208,7 +208,7 @@ class DecodeSession:
                 held = (s.prompt + s.generated)[: self.runner.stream_len(s.sid)]  # tokens whose KV it has
                 layer = self._hidden_layer()
                 hidden = torch.cat(s.hidden)[: len(held)] if layer is not None and s.hidden else None
-                self.prefix_cache.keep(s.sid, held, hidden, layer if hidden is not None else None)
+                self.prefix_cache.keep(s.sid, held, hidden, layer)
             else:
                 self.runner.release(s.sid)
             s.sid = None
