@@ -116,6 +116,13 @@ class DraftOptions:
         ),
     )
     num_draft_tokens: int = field(default=5, **opt("k: draft tokens verified per target forward (sd)"))
+    adaptive_k: bool = field(
+        default=True,
+        **opt(
+            "chain drafts: take k <= --num-draft-tokens each step from the acceptance so far and this machine's "
+            "t(n) (k = 0 skips the draft when it cannot pay); --no-adaptive-k keeps k fixed"
+        ),
+    )
     ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))
     ngram_min: int = field(default=1, **opt("shortest n-gram the prompt-lookup draft matches"))
     ngram_width: int = field(

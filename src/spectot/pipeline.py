@@ -20,6 +20,7 @@ from spectot.config import DraftOptions, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop
+from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import Proposer
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
 from spectot.spec.proposers.draft_model import DraftModelProposer
@@ -147,10 +148,11 @@ class Pipeline:
         kernels: Kernels = "auto",
         ngram_max: int = 3,
         ngram_min: int = 1,
+        adaptive_k: bool = True,
     ) -> Pipeline:
         return cls.from_options(
             ModelOptions(target=target, dtype=dtype, threads=threads, chat_template=chat_template, kernels=kernels),
-            DraftOptions(draft=draft, ngram_max=ngram_max, ngram_min=ngram_min),
+            DraftOptions(draft=draft, ngram_max=ngram_max, ngram_min=ngram_min, adaptive_k=adaptive_k),
         )
 
     @classmethod
@@ -159,9 +161,12 @@ class Pipeline:
             torch.set_num_threads(model.threads)
         target = load_model(model.target, dtype=model.dtype)
         proposer = make_proposer(draft, target, model)
-        return cls(
+        pipe = cls(
             target, proposer, chat_template=model.chat_template, kernels=model.kernels, prefix_cache=model.prefix_cache
         )
+        if draft.adaptive_k and drafts_chains(proposer):
+            pipe.decoder.draft_length = adaptive_draft_length(draft, model, measure_solve_costs(pipe, proposer))
+        return pipe
 
     def encode(self, prompt: str) -> list[int]:
         tokenizer = self.target.tokenizer
@@ -224,13 +229,14 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     from spectot.schedulers.seed import SeedEngine
     from spectot.schedulers.serial import SerialEngine
 
-    def decoder(proposer: Proposer | None) -> Decoder:
+    def decoder(proposer: Proposer | None, draft_length: DraftLength | None = None) -> Decoder:
         return Decoder(
             pipe.runner,
             pipe.target.eos_token_ids,
             proposer,
             pipe.decoder.detokenize,
             prefix_cache=pipe.decoder.prefix_cache,  # one cache per runner: every engine finds what ran before
+            draft_length=draft_length,
         )
 
     if name == "hf-batched-ar":
@@ -248,12 +254,16 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     budget = None
     if name in ("batched-sd", "seed-batched") and draft.tree == "auto" and isinstance(proposer, DraftDecoderProposer):
         budget = tree_by_streams(draft_acceptance(draft, model.target), costs or measure_solve_costs(pipe, proposer))
+    draft_length = None
+    if budget is None and draft.adaptive_k and drafts_chains(proposer):  # each engine learns its own acceptance
+        draft_length = adaptive_draft_length(draft, model, costs or measure_solve_costs(pipe, proposer))
     if name in ("sd", "mcsd"):
-        return SerialEngine(decoder(proposer), name), "sd"
+        return SerialEngine(decoder(proposer, draft_length), name), "sd"
     if name == "batched-sd":
-        return BatchedEngine(decoder(proposer), name, budget), "sd"
+        return BatchedEngine(decoder(proposer, draft_length), name, budget), "sd"
     if name in ("seed", "seed-batched"):
-        return SeedEngine(decoder(proposer), name, batched=name == "seed-batched", budget=budget), "sd"
+        engine = SeedEngine(decoder(proposer, draft_length), name, batched=name == "seed-batched", budget=budget)
+        return engine, "sd"
     raise ValueError(f"unknown engine '{name}'")
 
 
@@ -268,6 +278,22 @@ def draft_acceptance(draft: DraftOptions, target: str) -> dict[float, list[float
     if folder is not None and (folder / "acceptance.json").is_file():
         return acceptance_by_temperature(str(folder / "acceptance.json"))
     return None
+
+
+def drafts_chains(proposer: Proposer | None) -> bool:
+    """Whether the proposer drafts a chain of the request's k tokens (no tree of its own)."""
+    return proposer is not None and getattr(proposer, "policy", None) is None and getattr(proposer, "width", 1) == 1
+
+
+def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict) -> DraftLength:
+    """k* per step (``spec/draft_length.py``) from this machine's t(n) and draft cost c, with the draft's
+    measured first-position acceptance by temperature as the prior where it ships one."""
+    from spectot.spec.trees.sizing import TCurve
+
+    acceptance = draft_acceptance(draft, model.target)
+    priors = {t: vector[0] for t, vector in acceptance.items() if vector} if acceptance else None
+    curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
+    return DraftLength(curve, float(costs.get("c", 0.0)), priors)
 
 
 def measure_solve_costs(pipe: Pipeline, proposer: Proposer) -> dict:

@@ -19,6 +19,7 @@ from scipy.stats import chisquare
 
 from spectot.engine.runner import ModelRunner
 from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
+from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.draft_model import DraftModelProposer
 from spectot.spec.proposers.ngram import NgramProposer
 from spectot.spec.sampling import SamplingParams
@@ -391,6 +392,8 @@ def dist_models(tiny_llama):
     [
         # sampled drafts, verified against their q
         pytest.param("model", DIST_PROMPT, 200, id="draft-model"),
+        # k re-chosen every step from the outcomes so far (a short memory, so it keeps changing)
+        pytest.param("model-adaptive", DIST_PROMPT, 200, id="draft-model-adaptive-k"),
         # deterministic drafts, verified as one-hot q (the prompt repeats, so lookups hit)
         pytest.param("ngram", [1, 2, 3, 1, 2], 120, id="ngram"),
         pytest.param("ngram-tree", [1, 2, 3, 1, 2, 0, 1, 3], 120, id="ngram-tree"),
@@ -399,20 +402,38 @@ def dist_models(tiny_llama):
 def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, prompt: list[int], calls: int) -> None:
     target, draft_model = dist_models
     exact = exact_joint(target, prompt, DIST_TOKENS)
-    if draft == "model":
+    length = None
+    if draft.startswith("model"):
         draft_exact = exact_joint(draft_model, prompt, DIST_TOKENS)
         assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
         proposer = DraftModelProposer(ModelRunner(draft_model))
+        if draft == "model-adaptive":
+            length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5)
     else:
         proposer = NgramProposer(width=3 if draft == "ngram-tree" else 1)
 
-    decoder = Decoder(ModelRunner(target), (), proposer)
+    decoder = Decoder(ModelRunner(target), (), proposer, draft_length=length)
     counts, proposed, accepted = sample_counts(decoder, "sd", prompt, calls)
+    if length is not None:
+        assert set(length.chosen) == {0, 1, 2}  # every k the budget allows was taken
     assert sum(counts.values()) == calls * DIST_STREAMS
     assert 0 < accepted < proposed  # both accepted and rejected drafts were verified
     assert chi_square_pvalue(counts, exact) > 1e-3
     for i in range(DIST_TOKENS - 1):
         assert pair_tv(counts, exact, i) < 0.05
+
+
+class KChoices(DraftLength):
+    """Records every k it picks."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.chosen: Counter = Counter()
+
+    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1) -> int:
+        k = super().choose(sampling, k_max, streams)
+        self.chosen[k] += 1
+        return k
 
 
 def test_ar_sampling_matches_the_exact_target_joint(dist_models) -> None:

@@ -24,6 +24,7 @@ import torch
 from spectot.engine.prefix_cache import Fork, PrefixCache
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
+from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer
 from spectot.spec.sampling import SamplingParams, sample, target_probs
 from spectot.spec.stats import DecodeStats
@@ -101,6 +102,7 @@ class Decoder:
         detokenize: Callable[[list[int]], str] | None = None,  # needed for stop strings
         prefix_cache_tokens: int = 16384,  # KV of finished sequences kept for later prompts (0: none)
         prefix_cache: PrefixCache | None = None,  # share another decoder's (same runner) instead
+        draft_length: DraftLength | None = None,  # adapt a chain draft's k to the acceptance so far (None: k fixed)
     ) -> None:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
@@ -115,6 +117,7 @@ class Decoder:
         self.eos = frozenset(eos_token_ids)
         self.proposer = proposer
         self.detokenize = detokenize
+        self.draft_length = draft_length
 
     @property
     def hidden_layer(self) -> int | None:
@@ -320,7 +323,8 @@ class DecodeSession:
 
     def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
         """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
-        Streams that sample alike are drafted in one proposer call."""
+        Streams that sample alike are drafted in one proposer call. With the decoder's ``draft_length``
+        (chain drafts, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft."""
         drafts: list[Draft] = [Draft.empty()] * len(streams)
         groups: dict[SamplingParams, list[int]] = {}
         for i, s in enumerate(streams):
@@ -330,20 +334,24 @@ class DecodeSession:
             return drafts
         t = time.perf_counter()
         before = self.proposer.forwards
+        adapt = self.decoder.draft_length if policy is None else None
         for sampling, members in groups.items():
-            requests = [self._draft_request(streams[i], policy) for i in members]
+            k = None
+            if adapt is not None:
+                k = adapt.choose(sampling, max(_draft_room(streams[i]) for i in members), len(streams))
+                if k == 0:
+                    continue
+            requests = [self._draft_request(streams[i], policy, k) for i in members]
             for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
                 drafts[i] = d
         self.batch.draft_forwards += self.proposer.forwards - before
         self.batch.time_draft += time.perf_counter() - t
         return drafts
 
-    def _draft_request(self, s: _Stream, policy: TreePolicy | None) -> DraftRequest:
-        config = s.config
+    def _draft_request(self, s: _Stream, policy: TreePolicy | None, k: int | None = None) -> DraftRequest:
         hidden = torch.cat(s.unseen_hidden) if s.unseen_hidden else None
         s.unseen_hidden = []
-        # never draft past max_new_tokens: the last token of the budget is always a target token
-        k = min(config.num_draft_tokens, config.max_new_tokens - len(s.generated) - 1)
+        k = _draft_room(s) if k is None else min(k, _draft_room(s))
         return DraftRequest(s.key, s.tokens, k, hidden, generator=s.generator, policy=policy)
 
     def verify(
@@ -369,6 +377,8 @@ class DecodeSession:
             path, next_token = self._verify(d, st.tree, logits, s.config.sampling, s.generator)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
+            if self.decoder.draft_length is not None and d.parents is None:
+                self.decoder.draft_length.observe(s.config.sampling, d.tokens.numel(), len(path) - 1)
             if d.confidence is not None:
                 on_path = set(path)
                 tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]
@@ -438,6 +448,11 @@ class DecodeSession:
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats, s.logprobs)
+
+
+def _draft_room(s: _Stream) -> int:
+    """k, capped so a draft never runs past max_new_tokens: the budget's last token is a target token."""
+    return min(s.config.num_draft_tokens, s.config.max_new_tokens - len(s.generated) - 1)
 
 
 def hit_stop(tokens: Sequence[int], stop: Sequence[str], detokenize: Callable[[list[int]], str]) -> bool:

@@ -1,0 +1,153 @@
+"""Adaptive draft length: how many tokens a chain draft proposes this step, from the acceptance so far.
+
+A chain of k draft tokens whose i-th token is accepted with probability alpha_i once tokens 1..i-1 were yields
+
+    G(k) = 1 + sum_{j=1..k} prod_{i=1..j} alpha_i        tokens per step (the recovered / bonus token included)
+
+and, when B streams share each target forward, costs
+
+    T(k) = t(B (k + 1)) + k c                            one forward over B chains of k + 1 rows, k draft steps
+
+in single-token target forwards (t: this machine's t(n) curve, ``spec/profile.py``; c: one draft step).
+The length taken is
+
+    k* = argmax_{0 <= k <= K} G(k) / T(k)
+
+Sequoia's hardware-aware rule restricted to chains. k* = 0 skips the draft (plain decoding): what a
+temperature-1 thought gets from a prompt-lookup draft that cannot guess it, or a batch of many streams
+where each extra row costs a full row of compute.
+
+alpha is estimated per sampling setting (greedy evaluations and temperature-1 thoughts differ) from the
+verifications so far, with a prior alpha0 of weight w:
+
+    m_i = (a_i + w alpha0) / (r_i + w)                   a_i / r_i: accepted / reached counts at position i
+
+and k* is taken at the optimistic alpha_i = min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w))), an upper
+confidence bound (z = 1): a position seldom tested gets the benefit of the doubt. The counts decay by gamma
+at every step of that setting, skipped ones included, so the bound of a draft switched off widens again
+until the draft is probed once more (never where even alpha = 1 could not pay, e.g. a compute-bound batch).
+
+Lossless: each verification is exact for whatever k it is given, and k depends only on outcomes already
+verified, so greedy output stays the target's and samples stay distributed as the target's.
+
+Worked example: alpha = (0.8, 0.5, 0.5), t(n) = 1 for n <= 2, then 1 + 0.25 (n - 2); c = 0, one stream:
+G / T = 1, 1.8, 2.2 / 1.25 = 1.76, 2.4 / 1.5 = 1.6 for k = 0..3, so k* = 1.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from spectot.spec.sampling import SamplingParams
+
+
+def chain_tokens(alpha: Sequence[float], k: int) -> float:
+    """G(k) = 1 + sum_j prod_{i <= j} alpha_i: expected tokens of a verified k-token chain."""
+    tokens, reach = 1.0, 1.0
+    for a in alpha[:k]:
+        reach *= a
+        tokens += reach
+    return tokens
+
+
+def best_chain_length(
+    alpha: Sequence[float], k_max: int, t_curve: Callable[[float], float], draft_cost: float, streams: int = 1
+) -> int:
+    """k* = argmax_{0 <= k <= k_max} G(k) / (t(B (k + 1)) + k c); ties go to the shorter chain."""
+    best_k, best = 0, 1.0 / t_curve(streams)
+    for k in range(1, min(k_max, len(alpha)) + 1):
+        speed = chain_tokens(alpha, k) / (t_curve(streams * (k + 1)) + k * draft_cost)
+        if speed > best * (1.0 + 1e-9):
+            best_k, best = k, speed
+    return best_k
+
+
+@dataclass
+class AcceptanceEstimate:
+    """alpha_i = (a_i + w alpha0) / (r_i + w) from decayed counts, position i = 1, 2, ..."""
+
+    prior: float  # alpha0
+    weight: float  # w: pseudo-observations the prior is worth
+    decay: float  # gamma per step
+    accepted: list[float] = field(default_factory=list)  # a_i
+    reached: list[float] = field(default_factory=list)  # r_i
+
+    def alpha(self, k: int) -> list[float]:
+        """m_1..m_k"""
+        return [(a + self.weight * self.prior) / (r + self.weight) for a, r in self._counts(k)]
+
+    def optimistic(self, k: int, z: float) -> list[float]:
+        """min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w))) for i = 1..k"""
+        bounds = []
+        for m, (_, r) in zip(self.alpha(k), self._counts(k)):
+            bounds.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (r + self.weight))))
+        return bounds
+
+    def _counts(self, k: int) -> list[tuple[float, float]]:
+        counts = list(zip(self.accepted, self.reached))[:k]
+        return counts + [(0.0, 0.0)] * (k - len(counts))
+
+    def step(self) -> None:
+        self.accepted = [a * self.decay for a in self.accepted]
+        self.reached = [r * self.decay for r in self.reached]
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """One verified chain: positions 1..accepted were accepted, position accepted + 1 (if drafted) rejected."""
+        reached = min(proposed, accepted + 1)
+        grow = reached - len(self.reached)
+        if grow > 0:
+            self.accepted += [0.0] * grow
+            self.reached += [0.0] * grow
+        for i in range(reached):
+            self.reached[i] += 1.0
+            self.accepted[i] += float(i < accepted)
+
+
+class DraftLength:
+    """k* per step for each sampling setting's streams; shared by a decoder's sessions (and SEED's drafter
+    and target threads, hence the lock)."""
+
+    def __init__(
+        self,
+        t_curve: Callable[[float], float],
+        draft_cost: float = 0.0,  # c: one draft step over one target step (0 for prompt lookup)
+        priors: Mapping[float, float] | None = None,  # alpha0 by sampling temperature (greedy = 0)
+        weight: float = 2.0,  # w
+        decay: float = 0.98,  # gamma
+        optimism: float = 1.0,  # z
+    ) -> None:
+        if not draft_cost >= 0.0:
+            raise ValueError(f"the draft step cost must be >= 0, got {draft_cost}")
+        if weight <= 0.0 or not 0.0 < decay <= 1.0 or optimism < 0.0:
+            raise ValueError(f"need weight > 0, decay in (0, 1] and optimism >= 0, got {weight}, {decay}, {optimism}")
+        self.priors = dict(priors) if priors else {0.0: 0.5}
+        if not all(0.0 <= p <= 1.0 for p in self.priors.values()):
+            raise ValueError(f"prior acceptance rates must lie in [0, 1], got {self.priors}")
+        self.t_curve, self.draft_cost, self.weight, self.decay, self.optimism = (
+            t_curve, draft_cost, weight, decay, optimism
+        )
+        self.estimates: dict[SamplingParams, AcceptanceEstimate] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1) -> int:
+        """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting)."""
+        with self._lock:
+            estimate = self._estimate(sampling)
+            estimate.step()
+            alpha = estimate.optimistic(k_max, self.optimism)
+        return best_chain_length(alpha, k_max, self.t_curve, self.draft_cost, max(1, streams))
+
+    def observe(self, sampling: SamplingParams, proposed: int, accepted: int) -> None:
+        if proposed > 0:
+            with self._lock:
+                self._estimate(sampling).observe(proposed, accepted)
+
+    def _estimate(self, sampling: SamplingParams) -> AcceptanceEstimate:
+        if sampling not in self.estimates:
+            temperature = 0.0 if sampling.greedy else sampling.temperature
+            prior = self.priors[min(self.priors, key=lambda t: abs(t - temperature))]
+            self.estimates[sampling] = AcceptanceEstimate(prior, self.weight, self.decay)
+        return self.estimates[sampling]

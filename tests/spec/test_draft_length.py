@@ -1,0 +1,139 @@
+"""Adaptive draft length: G(k), k* on hand-made curves, the online estimate, and the decoder using it
+(greedy output unchanged, drafts switched off where they cannot pay, on again where they can)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectot.engine.runner import ModelRunner
+from spectot.spec.decoding import DecodeConfig, Decoder
+from spectot.spec.draft_length import AcceptanceEstimate, DraftLength, best_chain_length, chain_tokens
+from spectot.spec.proposers.draft_model import DraftModelProposer
+from spectot.spec.proposers.ngram import NgramProposer
+from spectot.spec.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+HOT = SamplingParams(do_sample=True, temperature=1.0)
+
+
+def kinked(n: float) -> float:
+    """t(n) = 1 up to 2 rows, then 0.25 per row: the docstring's worked example."""
+    return 1.0 if n <= 2 else 1.0 + 0.25 * (n - 2)
+
+
+def linear(n: float) -> float:
+    """Every row costs a full row: a compute-bound batch."""
+    return float(n)
+
+
+def flat(n: float) -> float:
+    return 1.0
+
+
+def test_chain_tokens_by_hand() -> None:
+    assert chain_tokens([0.8, 0.5, 0.5], 0) == 1.0
+    assert chain_tokens([0.8, 0.5, 0.5], 1) == pytest.approx(1.8)
+    assert chain_tokens([0.8, 0.5, 0.5], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+    assert chain_tokens([1.0] * 4, 4) == 5.0
+
+
+def test_best_chain_length_on_hand_made_curves() -> None:
+    assert best_chain_length([0.8, 0.5, 0.5], 3, kinked, 0.0) == 1  # 1, 1.8, 1.76, 1.6
+    assert best_chain_length([0.9] * 5, 5, flat, 0.0) == 5  # free rows: draft all of them
+    assert best_chain_length([0.9] * 5, 5, flat, 0.5) == 3  # 1, 1.27, 1.36, 1.38, 1.37: a draft step costs
+    assert best_chain_length([0.0] * 5, 5, flat, 0.0) == 0  # nothing accepted: ties go to no draft
+    # 8 streams on a compute-bound curve: G(k) <= k + 1 rows never beats plain decoding
+    assert best_chain_length([0.9] * 5, 5, linear, 0.0, streams=8) == 0
+    assert best_chain_length([0.9] * 5, 0, flat, 0.0) == 0  # no room left in the budget
+
+
+def test_estimate_starts_at_the_prior_and_learns() -> None:
+    estimate = AcceptanceEstimate(prior=0.5, weight=2.0, decay=1.0)
+    assert estimate.alpha(3) == [0.5, 0.5, 0.5]
+    estimate.observe(proposed=3, accepted=1)  # position 1 accepted, 2 rejected, 3 never tested
+    assert estimate.alpha(3) == [pytest.approx(2 / 3), pytest.approx(1 / 3), 0.5]
+    for _ in range(200):
+        estimate.observe(proposed=5, accepted=0)
+    assert estimate.alpha(1)[0] < 0.01
+
+
+def test_decay_drifts_back_to_the_prior() -> None:
+    estimate = AcceptanceEstimate(prior=0.5, weight=2.0, decay=0.9)
+    for _ in range(50):
+        estimate.observe(proposed=2, accepted=0)
+    low = estimate.alpha(1)[0]
+    for _ in range(100):
+        estimate.step()
+    assert low < 0.1 and estimate.alpha(1)[0] == pytest.approx(0.5, abs=0.01)
+
+
+def test_draft_length_keeps_an_estimate_per_sampling_and_uses_the_nearest_prior() -> None:
+    length = DraftLength(lambda n: 1 + 0.5 * (n - 1), priors={0.0: 0.9, 1.0: 0.0})  # k = 1 needs alpha_1 > 0.5
+    assert length.choose(GREEDY, 5) >= 1
+    assert length.choose(HOT, 5) == 0  # the temperature-1 prior says the draft never lands
+    for _ in range(30):
+        length.observe(GREEDY, proposed=5, accepted=0)
+    assert length.choose(GREEDY, 5) == 0
+    assert set(length.estimates) == {GREEDY, HOT}
+    # skipped steps decay the evidence: the bound widens until the draft is probed again
+    assert any(length.choose(GREEDY, 5) >= 1 for _ in range(200))
+    assert all(length.choose(HOT, 5) == 0 for _ in range(200))  # a sure 0 never widens
+
+
+def test_optimistic_bound_shrinks_with_evidence() -> None:
+    estimate = AcceptanceEstimate(prior=0.5, weight=2.0, decay=1.0)
+    assert estimate.optimistic(1, 1.0)[0] == pytest.approx(0.5 + (0.25 / 2) ** 0.5)
+    for _ in range(98):
+        estimate.observe(proposed=1, accepted=0)
+    assert estimate.alpha(1)[0] == pytest.approx(0.01)
+    assert estimate.optimistic(1, 1.0)[0] == pytest.approx(0.01 + (0.01 * 0.99 / 100) ** 0.5)
+    assert estimate.optimistic(1, 0.0) == estimate.alpha(1)
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(draft_cost=-1.0), dict(weight=0.0), dict(decay=0.0), dict(optimism=-1.0), dict(priors={0.0: 1.5})]
+)
+def test_draft_length_validates(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        DraftLength(flat, **bad)
+
+
+# -- in the decoder ----------------------------------------------------------------------------
+
+PROMPTS = [[3, 17, 42, 8], [21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38]]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(0)
+
+
+def test_adaptive_sd_is_greedy_lossless_and_stops_drafting_a_hopeless_draft(target, tiny_llama) -> None:
+    reference = Decoder(ModelRunner(target)).generate(PROMPTS, DecodeConfig(max_new_tokens=40))
+    config = DecodeConfig(max_new_tokens=40, method="sd", num_draft_tokens=4)
+    fixed = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(tiny_llama(1)))).generate(PROMPTS, config)
+    length = DraftLength(kinked)
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(tiny_llama(1))), draft_length=length)
+    adaptive = decoder.generate(PROMPTS, config)
+    assert [r.token_ids for r in adaptive] == [r.token_ids for r in reference]
+    # an unrelated random draft is rejected: the estimate falls and most steps skip it
+    assert sum(r.stats.proposed for r in adaptive) < sum(r.stats.proposed for r in fixed) / 4
+    assert length.estimates[GREEDY].alpha(1)[0] < 0.3
+
+
+def test_adaptive_sd_keeps_drafting_a_draft_that_lands(target) -> None:
+    """The target as its own draft: every token accepted, so k stays at its maximum on free rows."""
+    config = DecodeConfig(max_new_tokens=30, method="sd", num_draft_tokens=4)
+    reference = Decoder(ModelRunner(target)).generate(PROMPTS, config.__class__(max_new_tokens=30))
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)), draft_length=DraftLength(flat))
+    outs = decoder.generate(PROMPTS, config)
+    assert [r.token_ids for r in outs] == [r.token_ids for r in reference]
+    assert all(r.stats.mean_acceptance_length > 4 for r in outs)
+
+
+def test_adaptive_sd_with_prompt_lookup_matches_ar(target) -> None:
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats, so lookups find something
+    [ref] = Decoder(ModelRunner(target)).generate([prompt], DecodeConfig(max_new_tokens=40))
+    decoder = Decoder(ModelRunner(target), (), NgramProposer(), draft_length=DraftLength(kinked))
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=40, method="sd"))
+    assert out.token_ids == ref.token_ids
