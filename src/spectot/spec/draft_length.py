@@ -127,7 +127,11 @@ class DraftLength:
         if not all(0.0 <= p <= 1.0 for p in self.priors.values()):
             raise ValueError(f"prior acceptance rates must lie in [0, 1], got {self.priors}")
         self.t_curve, self.draft_cost, self.weight, self.decay, self.optimism = (
-            t_curve, draft_cost, weight, decay, optimism
+            t_curve,
+            draft_cost,
+            weight,
+            decay,
+            optimism,
         )
         self.estimates: dict[SamplingParams, AcceptanceEstimate] = {}
         self._lock = threading.Lock()
