@@ -312,7 +312,10 @@ def _tree_tool(args: argparse.Namespace) -> int:
         from spectot.data.jsonl import read_field
         from spectot.spec.sampling import SamplingParams
 
-        pipe = Pipeline.from_options(model, replace(draft, tree="k_config", k_config=str(options.width)))
+        # a fixed tree: the measurement is of the draft, not of what adaptive k would make of it
+        pipe = Pipeline.from_options(
+            model, replace(draft, tree="k_config", k_config=str(options.width), adaptive_k=False)
+        )
         texts = read_field(options.prompts, options.field_name, options.offset + options.limit)[options.offset :]
         result = trees.measure_acceptance(
             pipe,
@@ -324,7 +327,7 @@ def _tree_tool(args: argparse.Namespace) -> int:
         result.update(temperature=options.temperature, draft=draft.draft, target=model.target, prompts=len(texts))
     else:
         options = from_flags(args, TreeProfileOptions)
-        pipe = Pipeline.from_options(model, replace(draft, tree="chain"))
+        pipe = Pipeline.from_options(model, replace(draft, tree="chain", adaptive_k=False))
         result = trees.profile_costs(pipe, n_max=options.tn_max, depths=options.depths)
         result.update(draft=draft.draft, target=model.target, dtype=model.dtype)
     text = json.dumps(result, indent=1)
