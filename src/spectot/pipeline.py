@@ -21,7 +21,7 @@ from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop
 from spectot.spec.draft_length import DraftLength
-from spectot.spec.proposers.base import Proposer
+from spectot.spec.proposers.base import Proposer, drafts_chains
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
 from spectot.spec.proposers.draft_model import DraftModelProposer
 from spectot.spec.proposers.ngram import NgramProposer
@@ -278,11 +278,6 @@ def draft_acceptance(draft: DraftOptions, target: str) -> dict[float, list[float
     if folder is not None and (folder / "acceptance.json").is_file():
         return acceptance_by_temperature(str(folder / "acceptance.json"))
     return None
-
-
-def drafts_chains(proposer: Proposer | None) -> bool:
-    """Whether the proposer drafts a chain of the request's k tokens (no tree of its own)."""
-    return proposer is not None and getattr(proposer, "policy", None) is None and getattr(proposer, "width", 1) == 1
 
 
 def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict) -> DraftLength:

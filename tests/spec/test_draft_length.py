@@ -137,3 +137,14 @@ def test_adaptive_sd_with_prompt_lookup_matches_ar(target) -> None:
     decoder = Decoder(ModelRunner(target), (), NgramProposer(), draft_length=DraftLength(kinked))
     [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=40, method="sd"))
     assert out.token_ids == ref.token_ids
+
+
+def test_only_chain_drafts_adapt(target) -> None:
+    """A length that always says k* = 0 silences a chain draft, never a tree draft (its size is its own rule)."""
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    config = DecodeConfig(max_new_tokens=20, method="sd")
+    never = DraftLength(flat, priors={0.0: 0.0})
+    [chain] = Decoder(ModelRunner(target), (), NgramProposer(), draft_length=never).generate([prompt], config)
+    [tree] = Decoder(ModelRunner(target), (), NgramProposer(width=3), draft_length=never).generate([prompt], config)
+    assert chain.stats.proposed == 0 and tree.stats.proposed > 0
+    assert chain.token_ids == tree.token_ids

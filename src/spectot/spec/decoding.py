@@ -25,7 +25,7 @@ from spectot.engine.prefix_cache import Fork, PrefixCache
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.draft_length import DraftLength
-from spectot.spec.proposers.base import Draft, DraftRequest, Proposer
+from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
 from spectot.spec.sampling import SamplingParams, sample, target_probs
 from spectot.spec.stats import DecodeStats
 from spectot.spec.tree_verify import verify_tree
@@ -324,7 +324,7 @@ class DecodeSession:
     def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
         """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
         Streams that sample alike are drafted in one proposer call. With the decoder's ``draft_length``
-        (chain drafts, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft."""
+        (a chain proposer, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft."""
         drafts: list[Draft] = [Draft.empty()] * len(streams)
         groups: dict[SamplingParams, list[int]] = {}
         for i, s in enumerate(streams):
@@ -334,7 +334,7 @@ class DecodeSession:
             return drafts
         t = time.perf_counter()
         before = self.proposer.forwards
-        adapt = self.decoder.draft_length if policy is None else None
+        adapt = self.decoder.draft_length if policy is None and drafts_chains(self.proposer) else None
         for sampling, members in groups.items():
             k = None
             if adapt is not None:

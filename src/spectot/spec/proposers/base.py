@@ -84,3 +84,9 @@ class Proposer(Protocol):
 
     def release(self, key: int) -> None:
         """The stream is finished: drop any state kept for it."""
+
+
+def drafts_chains(proposer: Proposer | None) -> bool:
+    """Whether the proposer drafts a chain of the request's k tokens (no tree of its own: no tree policy,
+    no n-gram width)."""
+    return proposer is not None and getattr(proposer, "policy", None) is None and getattr(proposer, "width", 1) == 1
