@@ -323,7 +323,6 @@ def tree_by_streams(
         return StaticPolicy(tuple(sequoia_tree(vector, choice.n, choice.d).parents))
 
     def policy(streams: int, sampling: SamplingParams) -> StaticPolicy:
-        temperature = 0.0 if sampling.greedy else sampling.temperature
-        return tree(max(1, streams), min(acceptance, key=lambda t: abs(t - temperature)))
+        return tree(max(1, streams), sampling.nearest(acceptance))
 
     return policy

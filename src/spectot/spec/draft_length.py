@@ -151,7 +151,6 @@ class DraftLength:
 
     def _estimate(self, sampling: SamplingParams) -> AcceptanceEstimate:
         if sampling not in self.estimates:
-            temperature = 0.0 if sampling.greedy else sampling.temperature
-            prior = self.priors[min(self.priors, key=lambda t: abs(t - temperature))]
+            prior = self.priors[sampling.nearest(self.priors)]
             self.estimates[sampling] = AcceptanceEstimate(prior, self.weight, self.decay)
         return self.estimates[sampling]

@@ -9,6 +9,7 @@ the argmax, which makes greedy verification a special case of the sampling rules
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
+
+    def nearest(self, temperatures: Iterable[float]) -> float:
+        """The measured temperature closest to this sampling's (greedy counts as 0): which of a draft's
+        acceptance measurements describes these streams."""
+        own = 0.0 if self.greedy else self.temperature
+        return min(temperatures, key=lambda t: abs(t - own))
 
     @classmethod
     def from_temperature(cls, temperature: float, top_k: int = 0, top_p: float = 1.0) -> SamplingParams:
