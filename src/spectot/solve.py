@@ -56,9 +56,12 @@ def run_solve(
     options: SolveOptions,
     report: Callable[[int, int, dict], None] | None = None,
     pipe=None,
+    engine=None,
 ) -> SolveRun:
     """Solve ``options.limit`` problems; ``report(done, total, record)`` after each one. ``pipe``: a
-    loaded Pipeline to reuse (benchmarks run several engines on one model)."""
+    loaded Pipeline to reuse (benchmarks run several engines on one model); ``engine``: an
+    ``(engine, method)`` pair from ``make_engine`` on that pipe to reuse (it keeps what it learned, such as
+    the adaptive draft length's acceptance estimate, as it does across one run's problems)."""
     from spectot.pipeline import Pipeline, make_engine
     from spectot.schedulers.timeline import Timeline
 
@@ -67,7 +70,7 @@ def run_solve(
     if pipe is None:
         pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
     costs = json.loads(Path(options.profile).read_text()) if options.profile else None
-    engine, method = make_engine(pipe, options.engine, draft, model, costs)
+    engine, method = engine or make_engine(pipe, options.engine, draft, model, costs)
     timeline = Timeline() if options.trace else None
     backend = LocalBackend(
         pipe.encode,

@@ -28,7 +28,7 @@ from spectot.search.policy import ComponentStats
 def run_bench_tot(
     model_opts: ModelOptions, draft_opts: DraftOptions, search: SearchOptions, opts: BenchTotOptions
 ) -> dict:
-    from spectot.pipeline import Pipeline, measure_solve_costs, make_proposer
+    from spectot.pipeline import Pipeline, make_engine, measure_solve_costs, make_proposer
     from spectot.solve import run_solve
 
     out = Path(opts.out)
@@ -50,6 +50,7 @@ def run_bench_tot(
         append_record(out / "records.jsonl", config_key, ("costs",), costs, records)
     (out / "profile.json").write_text(json.dumps(costs or {}))
     todo = [(t, e, i) for t in tasks for e in engines for i in range(opts.problems) if (t, e, i) not in records]
+    made = {}  # one engine per (task, engine) across its problems, as `spectot solve --limit N` runs them
     with progress_bar() as bar:
         job = bar.add_task("bench tot", total=len(todo))
         for task, engine, i in todo:
@@ -63,7 +64,9 @@ def run_bench_tot(
                 profile=str(out / "profile.json") if costs else "",
             )
             pipe.decoder.prefix_cache.clear()  # each (engine, problem) starts cold: the same prefill work for all
-            run = run_solve(model_opts, draft_opts, search, solve, pipe=pipe)
+            if (task, engine) not in made:
+                made = {(task, engine): make_engine(pipe, engine, draft_opts, model_opts, costs)}
+            run = run_solve(model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)])
             [record] = run.records
             value = {
                 "answer": record["answer"],

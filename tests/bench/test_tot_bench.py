@@ -1,0 +1,30 @@
+"""`bench tot` end to end on a tiny checkpoint: every engine, one engine per (task, engine) reused across
+its problems as `spectot solve --limit N` does, gives `ar`'s trees under greedy decoding; a second run
+resumes everything from the records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectot.bench.tot import run_bench_tot
+from spectot.config import BenchTotOptions, DraftOptions, ModelOptions, SearchOptions
+
+GSM8K = Path(__file__).parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="needs ../shared/data/gsm8k/test.jsonl")
+def test_bench_tot_engines_keep_ar_trees_across_problems_and_resume(tiny_checkpoint, tmp_path) -> None:
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    search = SearchOptions(thought_temperature=0.0, depth=2, thoughts=2)
+    opts = BenchTotOptions(gsm8k=str(GSM8K), problems=3, engines="ar,sd,seed-batched", out=str(tmp_path))
+    result = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
+    assert [r["engine"] for r in result["rows"]] == ["ar", "sd", "seed-batched"]
+    assert all(r["problems"] == 3 and r["same_answers_as_ar"] == 3 for r in result["rows"])
+    assert "| gsm8k | seed-batched |" in (tmp_path / "results.md").read_text()
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    again = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
+    assert (tmp_path / "records.jsonl").read_text().splitlines() == lines
+    assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
