@@ -396,6 +396,8 @@ def dist_models(tiny_llama):
         pytest.param("model-adaptive", DIST_PROMPT, 200, id="draft-model-adaptive-k"),
         # deterministic drafts, verified as one-hot q (the prompt repeats, so lookups hit)
         pytest.param("ngram", [1, 2, 3, 1, 2], 120, id="ngram"),
+        # each lookup cut to the k* of its matched n-gram length, learned as it goes
+        pytest.param("ngram-adaptive", [1, 2, 3, 1, 2], 120, id="ngram-adaptive-k"),
         pytest.param("ngram-tree", [1, 2, 3, 1, 2, 0, 1, 3], 120, id="ngram-tree"),
     ],
 )
@@ -411,11 +413,15 @@ def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, pro
             length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5)
     else:
         proposer = NgramProposer(width=3 if draft == "ngram-tree" else 1)
+        if draft == "ngram-adaptive":
+            length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5)
 
     decoder = Decoder(ModelRunner(target), (), proposer, draft_length=length)
     counts, proposed, accepted = sample_counts(decoder, "sd", prompt, calls)
     if length is not None:
         assert set(length.chosen) == {0, 1, 2}  # every k the budget allows was taken
+    if draft == "ngram-adaptive":
+        assert {match for _, match in length.estimates} >= {1, 2}  # 1- and 2-gram matches learned apart
     assert sum(counts.values()) == calls * DIST_STREAMS
     assert 0 < accepted < proposed  # both accepted and rejected drafts were verified
     assert chi_square_pvalue(counts, exact) > 1e-3
@@ -430,8 +436,8 @@ class KChoices(DraftLength):
         super().__init__(*args, **kwargs)
         self.chosen: Counter = Counter()
 
-    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1) -> int:
-        k = super().choose(sampling, k_max, streams)
+    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
+        k = super().choose(sampling, k_max, streams, match)
         self.chosen[k] += 1
         return k
 

@@ -74,7 +74,7 @@ def test_draft_length_keeps_an_estimate_per_sampling_and_uses_the_nearest_prior(
     for _ in range(30):
         length.observe(GREEDY, proposed=5, accepted=0)
     assert length.choose(GREEDY, 5) == 0
-    assert set(length.estimates) == {GREEDY, HOT}
+    assert set(length.estimates) == {(GREEDY, None), (HOT, None)}
     # skipped steps decay the evidence: the bound widens until the draft is probed again
     assert any(length.choose(GREEDY, 5) >= 1 for _ in range(200))
     assert all(length.choose(HOT, 5) == 0 for _ in range(200))  # a sure 0 never widens
@@ -88,6 +88,17 @@ def test_optimistic_bound_shrinks_with_evidence() -> None:
     assert estimate.alpha(1)[0] == pytest.approx(0.01)
     assert estimate.optimistic(1, 1.0)[0] == pytest.approx(0.01 + (0.01 * 0.99 / 100) ** 0.5)
     assert estimate.optimistic(1, 0.0) == estimate.alpha(1)
+
+
+def test_each_evidence_class_learns_its_own_acceptance() -> None:
+    """Prompt lookup's 1-gram guesses miss and its 3-gram copies land: each class gets its own k*."""
+    length = DraftLength(lambda n: 1 + 0.5 * (n - 1))  # each drafted row costs half a step
+    for _ in range(40):
+        length.observe(HOT, proposed=4, accepted=0, match=1)
+        length.observe(HOT, proposed=4, accepted=4, match=3)
+    assert length.choose(HOT, 4, match=1) == 0
+    assert length.choose(HOT, 4, match=3) == 4
+    assert set(length.estimates) == {(HOT, 1), (HOT, 3)}
 
 
 @pytest.mark.parametrize(
@@ -118,7 +129,7 @@ def test_adaptive_sd_is_greedy_lossless_and_stops_drafting_a_hopeless_draft(targ
     assert [r.token_ids for r in adaptive] == [r.token_ids for r in reference]
     # an unrelated random draft is rejected: the estimate falls and most steps skip it
     assert sum(r.stats.proposed for r in adaptive) < sum(r.stats.proposed for r in fixed) / 4
-    assert length.estimates[GREEDY].alpha(1)[0] < 0.3
+    assert length.estimates[(GREEDY, None)].alpha(1)[0] < 0.3
 
 
 def test_adaptive_sd_keeps_drafting_a_draft_that_lands(target) -> None:
@@ -137,6 +148,19 @@ def test_adaptive_sd_with_prompt_lookup_matches_ar(target) -> None:
     decoder = Decoder(ModelRunner(target), (), NgramProposer(), draft_length=DraftLength(kinked))
     [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=40, method="sd"))
     assert out.token_ids == ref.token_ids
+
+
+def test_prompt_lookup_is_cut_by_its_match_length(target) -> None:
+    """A lookup is drafted in full, then cut to its class's k*: a class that never lands stops drafting
+    while the others go on, and the output is still the target's own."""
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 5, 6, 7]
+    [ref] = Decoder(ModelRunner(target)).generate([prompt], DecodeConfig(max_new_tokens=40))
+    length = DraftLength(flat)
+    decoder = Decoder(ModelRunner(target), (), NgramProposer(), draft_length=length)
+    [out] = decoder.generate([prompt], DecodeConfig(max_new_tokens=40, method="sd", num_draft_tokens=4))
+    assert out.token_ids == ref.token_ids
+    assert out.stats.proposed > 0
+    assert {match for _, match in length.estimates} <= {1, 2, 3} and length.estimates
 
 
 def test_only_chain_drafts_adapt(target) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectot.spec.proposers.base import DraftRequest
-from spectot.spec.proposers.ngram import NgramProposer, lookup_continuation
+from spectot.spec.proposers.ngram import NgramProposer, lookup_continuation, lookup_match
 from spectot.spec.sampling import SamplingParams
 
 
@@ -41,6 +41,28 @@ def lookup(tokens: list[int], k: int, **kwargs) -> list[int]:
 )
 def test_lookup_continuation(tokens: list[int], k: int, kwargs: dict, expected: list[int]) -> None:
     assert lookup(tokens, k, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("tokens", "n"),
+    [([1, 2, 3, 8, 5, 2, 3, 9, 1, 2, 3], 3), ([4, 2, 3, 7, 9, 2, 3], 2), ([4, 5, 6, 1, 5], 1), ([1, 2, 3], 0)],
+)
+def test_lookup_match_reports_the_matched_length(tokens: list[int], n: int) -> None:
+    continuation, matched = lookup_match(torch.tensor(tokens, dtype=torch.int64), 2)
+    assert matched == n and continuation.tolist() == lookup(tokens, 2)
+
+
+def test_drafts_carry_their_match_and_cut_to_a_prefix() -> None:
+    request = DraftRequest(0, torch.tensor([5, 6, 7, 9, 3, 4, 5, 6]), 4)
+    [draft] = NgramProposer().propose([request], SamplingParams(), None)
+    assert draft.match == 2 and draft.tokens.tolist() == [7, 9, 3, 4]
+    cut = draft.cut(2)
+    assert cut.tokens.tolist() == [7, 9] and cut.match == 2 and cut.q is None
+    [tree] = NgramProposer(width=2).propose(
+        [DraftRequest(0, torch.tensor([1, 2, 8, 1, 2, 9, 1, 2]), 2)], SamplingParams(), None
+    )
+    with pytest.raises(ValueError, match="chain"):
+        tree.cut(1)
 
 
 def test_continuation_truncated_at_k() -> None:

@@ -324,7 +324,9 @@ class DecodeSession:
     def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
         """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
         Streams that sample alike are drafted in one proposer call. With the decoder's ``draft_length``
-        (a chain proposer, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft."""
+        (a chain proposer, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft.
+        A free draft that reports its evidence (``Draft.match``) is looked up in full, then each stream's
+        is cut to the k* of its class."""
         drafts: list[Draft] = [Draft.empty()] * len(streams)
         groups: dict[SamplingParams, list[int]] = {}
         for i, s in enumerate(streams):
@@ -335,14 +337,17 @@ class DecodeSession:
         t = time.perf_counter()
         before = self.proposer.forwards
         adapt = self.decoder.draft_length if policy is None and drafts_chains(self.proposer) else None
+        look_first = adapt is not None and getattr(self.proposer, "reports_match", False)
         for sampling, members in groups.items():
             k = None
-            if adapt is not None:
+            if adapt is not None and not look_first:
                 k = adapt.choose(sampling, max(_draft_room(streams[i]) for i in members), len(streams))
                 if k == 0:
                     continue
             requests = [self._draft_request(streams[i], policy, k) for i in members]
             for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
+                if look_first and d.tokens.numel():
+                    d = d.cut(adapt.choose(sampling, d.tokens.numel(), len(streams), d.match))
                 drafts[i] = d
         self.batch.draft_forwards += self.proposer.forwards - before
         self.batch.time_draft += time.perf_counter() - t
@@ -378,7 +383,7 @@ class DecodeSession:
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
             if self.decoder.draft_length is not None and d.parents is None:
-                self.decoder.draft_length.observe(s.config.sampling, d.tokens.numel(), len(path) - 1)
+                self.decoder.draft_length.observe(s.config.sampling, d.tokens.numel(), len(path) - 1, d.match)
             if d.confidence is not None:
                 on_path = set(path)
                 tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]

@@ -27,6 +27,11 @@ confidence bound (z = 1): a position seldom tested gets the benefit of the doubt
 at every step of that setting, skipped ones included, so the bound of a draft switched off widens again
 until the draft is probed once more (never where even alpha = 1 could not pay, e.g. a compute-bound batch).
 
+A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
+the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
+A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens while a
+1-gram guess at a sampled thought is dropped, where one estimate for both would keep or drop them together.
+
 Lossless: each verification is exact for whatever k it is given, and k depends only on outcomes already
 verified, so greedy output stays the target's and samples stay distributed as the target's.
 
@@ -107,8 +112,8 @@ class AcceptanceEstimate:
 
 
 class DraftLength:
-    """k* per step for each sampling setting's streams; shared by a decoder's sessions (and SEED's drafter
-    and target threads, hence the lock)."""
+    """k* per step for each sampling setting's streams (and, for a free draft, each evidence class); shared
+    by a decoder's sessions (and SEED's drafter and target threads, hence the lock)."""
 
     def __init__(
         self,
@@ -133,24 +138,25 @@ class DraftLength:
             decay,
             optimism,
         )
-        self.estimates: dict[SamplingParams, AcceptanceEstimate] = {}
+        self.estimates: dict[tuple[SamplingParams, int | None], AcceptanceEstimate] = {}
         self._lock = threading.Lock()
 
-    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1) -> int:
-        """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting)."""
+    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
+        """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting),
+        or for one free draft of evidence class ``match``."""
         with self._lock:
-            estimate = self._estimate(sampling)
+            estimate = self._estimate(sampling, match)
             estimate.step()
             alpha = estimate.optimistic(k_max, self.optimism)
         return best_chain_length(alpha, k_max, self.t_curve, self.draft_cost, max(1, streams))
 
-    def observe(self, sampling: SamplingParams, proposed: int, accepted: int) -> None:
+    def observe(self, sampling: SamplingParams, proposed: int, accepted: int, match: int | None = None) -> None:
         if proposed > 0:
             with self._lock:
-                self._estimate(sampling).observe(proposed, accepted)
+                self._estimate(sampling, match).observe(proposed, accepted)
 
-    def _estimate(self, sampling: SamplingParams) -> AcceptanceEstimate:
-        if sampling not in self.estimates:
+    def _estimate(self, sampling: SamplingParams, match: int | None) -> AcceptanceEstimate:
+        if (sampling, match) not in self.estimates:
             prior = self.priors[sampling.nearest(self.priors)]
-            self.estimates[sampling] = AcceptanceEstimate(prior, self.weight, self.decay)
-        return self.estimates[sampling]
+            self.estimates[(sampling, match)] = AcceptanceEstimate(prior, self.weight, self.decay)
+        return self.estimates[(sampling, match)]

@@ -45,6 +45,7 @@ class Draft:
     parents: torch.Tensor | None = None  # (k',) int64 parent within the draft, -1 = the pending token
     rule: TreeRule | None = None  # sampled trees: "with_replacement" or "without_replacement"
     confidence: torch.Tensor | None = None  # (k',) draft probability of each token given its parent (calibration)
+    match: int | None = None  # a free draft's evidence class (prompt lookup: matched n-gram length), see `cut`
 
     def __post_init__(self) -> None:
         if (
@@ -61,6 +62,14 @@ class Draft:
         rows = torch.zeros(self.tokens.numel() + 1, self.q.shape[1])
         rows[self.parents + 1] = self.q
         return rows
+
+    def cut(self, k: int) -> Draft:
+        """The chain's first k tokens (a chain is lossless at any length chosen before verification)."""
+        if self.parents is not None:
+            raise ValueError("only a chain draft can be cut to a length")
+        q = None if self.q is None else self.q[:k]
+        confidence = None if self.confidence is None else self.confidence[:k]
+        return Draft(self.tokens[:k], q, confidence=confidence, match=self.match)
 
     @classmethod
     def empty(cls) -> Draft:

@@ -22,14 +22,20 @@ def lookup_continuation(tokens: torch.Tensor, k: int, max_ngram: int = 3, min_ng
 
     Example: tokens = [5, 6, 7, 9, 5, 6], k = 2: the trailing [5, 6] occurred at 0, so propose [7, 9].
     """
+    return lookup_match(tokens, k, max_ngram, min_ngram)[0]
+
+
+def lookup_match(tokens: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[torch.Tensor, int]:
+    """``lookup_continuation`` and the length n of the n-gram it matched (0: none). A longer match is
+    stronger evidence: the adaptive draft length tracks acceptance by n (``spec/draft_length.py``)."""
     n_tokens = tokens.numel()
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
         windows = tokens[: n_tokens - 1].unfold(0, n, 1)  # (L - n, n): every n-gram that has a successor
         hits = (windows == tokens[n_tokens - n :]).all(1).nonzero()
         if hits.numel():
             start = int(hits[-1]) + n  # host sync: the match position picks the slice
-            return tokens[start : start + k]
-    return tokens[:0]
+            return tokens[start : start + k], n
+    return tokens[:0], 0
 
 
 def lookup_continuations(
@@ -78,6 +84,7 @@ class NgramProposer:
     width: int = 1  # > 1: a tree of the latest `width` distinct continuations
     name: str = "ngram"
     forwards: int = 0
+    reports_match: bool = True  # a lookup costs the same for any k: draft in full, cut by Draft.match after
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
@@ -89,7 +96,8 @@ class NgramProposer:
         self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
     ) -> list[Draft]:
         if self.width == 1:
-            return [Draft(lookup_continuation(r.tokens, r.k, self.max_ngram, self.min_ngram), None) for r in requests]
+            matches = [lookup_match(r.tokens, r.k, self.max_ngram, self.min_ngram) for r in requests]
+            return [Draft(tokens, None, match=n) for tokens, n in matches]
         drafts = []
         for r in requests:
             found = lookup_continuations(r.tokens, r.k, self.width, self.max_ngram, self.min_ngram)
