@@ -2,7 +2,8 @@
 
 - greedy, fp32 tiny targets: ar, sd, mcsd, batched-ar, batched-sd, seed and seed-batched give token
   for token the same streams as serial ``ar`` (with an EDD draft, an n-gram draft and a tree draft);
-- sampled: batched-ar gives exactly the serial-ar samples (a stream's samples depend only on its seed);
+- sampled: batched-ar gives exactly the serial-ar samples (a stream's samples depend only on its seed), and
+  so does every speculative engine with a deterministic (n-gram) draft: coupled verification;
 - shared prompts are run once (prefix sharing) and still decode exactly;
 - the timeline records draft / wait / verify intervals, and seed's drafts overlap verification.
 """
@@ -160,3 +161,21 @@ def test_acceptance_tables_are_read_by_temperature(tmp_path) -> None:
     bad.write_text(json.dumps({"acceptance": [0.5], "acceptance_by_temperature": {"1.0": [0.9, 0.9]}}))
     with pytest.raises(ValueError, match="acceptance_by_temperature"):
         acceptance_by_temperature(str(bad))
+
+
+@pytest.mark.parametrize("name", ["sd", "batched-sd", "seed", "seed-batched"])
+@pytest.mark.parametrize("width", [1, 2])
+def test_sampled_engines_with_a_deterministic_draft_reproduce_serial_ar_samples(target, name: str, width: int) -> None:
+    """Token j of a stream is drawn with that stream's noise for position j whatever covers it (an AR
+    step, an accepted draft token, a recovered or bonus token), so every engine builds ar's tree."""
+    sampling = SamplingParams(do_sample=True, temperature=1.0)
+    runner = ModelRunner(target)
+    serial = SerialEngine(Decoder(runner), "ar").run(level("ar", sampling))
+    decoder = Decoder(runner, proposer=NgramProposer(width=width))
+    engine = {
+        "sd": lambda: SerialEngine(decoder, "sd"),
+        "batched-sd": lambda: BatchedEngine(decoder, "batched-sd"),
+        "seed": lambda: SeedEngine(decoder),
+        "seed-batched": lambda: SeedEngine(decoder, "seed-batched", batched=True),
+    }[name]()
+    assert [r.token_ids for r in engine.run(level("sd", sampling))] == [r.token_ids for r in serial]

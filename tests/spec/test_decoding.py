@@ -215,6 +215,21 @@ def test_seeded_sampling_is_reproducible(target, other_draft, method: str) -> No
     assert len(outputs | {tuple(map(tuple, first))}) > 1
 
 
+@pytest.mark.parametrize("width", [1, 3])
+def test_sampled_sd_with_a_deterministic_draft_emits_ars_samples(target, width: int) -> None:
+    """Coupled verification: with the same seed, sampled ``sd`` under n-gram chains or trees emits the
+    very tokens sampled ``ar`` draws (fp32), not just tokens from the same distribution."""
+    prompts = [case[0] for case in CASES] + [[4, 9, 4, 9, 4, 9, 4, 9]]
+    accepted = 0
+    for temperature in (1.0, 0.1):  # at 0.1 the tiny model repeats itself, so n-gram drafts land
+        config = dict(max_new_tokens=40, sampling=SamplingParams(do_sample=True, temperature=temperature), seed=5)
+        reference = run(target, prompts, **config)
+        results = run(target, prompts, NgramProposer(width=width), method="sd", num_draft_tokens=4, **config)
+        assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+        accepted += sum(sum(r.stats.accepted_by_position) for r in results)
+    assert accepted > 0  # drafts were accepted, not all missed
+
+
 # -- stopping ----------------------------------------------------------------------------------
 
 

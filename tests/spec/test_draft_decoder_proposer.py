@@ -315,7 +315,7 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
     with torch.no_grad():
         edd.hidden_proj.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
     prompt0 = [3, 17, 42, 8, 21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38, 5, 19, 23]  # above MIN_SHARED_PREFIX
-    config = DecodeConfig(method="sd", max_new_tokens=10, sampling=sampling, num_draft_tokens=3)
+    config = DecodeConfig(method="sd", max_new_tokens=24, sampling=sampling, num_draft_tokens=3)
 
     def search(cache_tokens: int) -> tuple[list, list, torch.Tensor, int, int]:
         decoder = Decoder(ModelRunner(target), proposer=proposer(edd), prefix_cache_tokens=cache_tokens)

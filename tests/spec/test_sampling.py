@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from spectot.spec.sampling import SamplingParams, sample, target_probs
+from spectot.spec.sampling import SamplingParams, position_noise, sample, sample_at, target_probs
 
 SAMPLING = SamplingParams(do_sample=True)
 
@@ -206,3 +206,25 @@ def test_sample_from_target_probs_stays_in_top_k() -> None:
     allowed = logits.topk(4, -1).indices
     assert (allowed == draws[:, None]).any(-1).all()
     assert math.isclose(float(probs.sum(-1).mean()), 1.0, rel_tol=1e-5)
+
+
+# ----------------------------------------------------------------------------- sample_at
+
+
+def test_position_noise_is_a_function_of_seed_and_position() -> None:
+    a = position_noise(7, 3, 50)
+    assert a.shape == (50,) and a.dtype == torch.float32 and bool((a > 0).all())
+    assert torch.equal(a, position_noise(7, 3, 50))
+    assert not torch.equal(a, position_noise(7, 4, 50))
+    assert not torch.equal(a, position_noise(8, 3, 50))
+
+
+def test_sample_at_draws_from_probs_across_seeds() -> None:
+    """Each (seed, position) is one exact draw from p: the counts over many seeds follow p."""
+    p = torch.tensor([0.05, 0.0, 0.3, 0.15, 0.0, 0.25, 0.2, 0.05])
+    n = 20_000
+    counts = torch.bincount(torch.tensor([sample_at(p, seed, 5) for seed in range(n)]), minlength=p.numel()).double()
+    assert counts[p == 0].sum() == 0
+    support = p > 0
+    expected = n * p[support].double() / p.double().sum()
+    assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > 1e-3

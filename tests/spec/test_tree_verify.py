@@ -8,7 +8,8 @@ import torch
 from scipy.stats import chi2, chisquare
 
 from spectot.engine.token_tree import TokenTree
-from spectot.spec.tree_verify import verify_tree, verify_tree_greedy
+from spectot.spec.sampling import sample_at
+from spectot.spec.tree_verify import verify_tree, verify_tree_coupled, verify_tree_greedy
 
 V = 8
 TRIALS = 8_000
@@ -137,3 +138,24 @@ def test_greedy_rule_through_verify_tree_equals_verify_tree_greedy() -> None:
     tree = TokenTree(torch.tensor([10, 11, 12, 13]), torch.tensor([-1, 0, 0, 1]))
     logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
     assert verify_tree(tree, logits.softmax(-1), None, "greedy", None) == verify_tree_greedy(tree, logits.argmax(-1))
+
+
+def test_coupled_tree_follows_plain_decodings_draws() -> None:
+    """A deterministic tree verified by the coupled rule emits exactly plain decoding's draws at each
+    depth (same seed), and accepts with the children's target mass."""
+    m = markov(11)
+    hits = 0
+    for seed in range(TRIALS // 4):
+        tree = two_level_tree(0, lambda x: m[x], 3, "deterministic", torch.Generator())
+        p = m[tree.tokens]  # the target after each node's token (a Markov chain)
+        depths = tree.depths.tolist()
+        verdict = verify_tree_coupled(tree, lambda u, p=p, s=seed, d=depths: sample_at(p[u], s, d[u]))
+        plain, x = [], 0
+        for depth in range(len(verdict.path)):
+            x = sample_at(m[x], seed, depth)
+            plain.append(x)
+        assert tree.tokens[verdict.path[1:]].tolist() + [verdict.next_token] == plain
+        hits += verdict.num_accepted > 0
+    expected = float(m[0][torch.topk(m[0], 3).indices].sum())
+    n = TRIALS // 4
+    assert abs(hits / n - expected) < 4 * (expected * (1 - expected) / n) ** 0.5

@@ -24,7 +24,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from spectot.spec.verify import residual, verify_chain, verify_chain_greedy
+from spectot.spec.sampling import sample_at
+from spectot.spec.verify import residual, verify_chain, verify_chain_coupled, verify_chain_greedy
 
 V = 8
 PROMPT = 0
@@ -304,3 +305,36 @@ def test_greedy_stops_at_first_mismatch(draft, target_argmax, accepted, next_tok
 def test_greedy_empty_draft_takes_first_argmax() -> None:
     verdict = verify_chain_greedy(torch.empty(0, dtype=torch.int64), torch.tensor([6]))
     assert (verdict.num_accepted, verdict.next_token) == (0, 6)
+
+
+# ----------------------------------------------------------------------------- coupled
+
+
+def test_coupled_verification_emits_plain_decodings_draws() -> None:
+    """Whatever the deterministic draft, the emitted tokens are the ones plain decoding draws at those
+    positions with the same seed: accepted ones equal the draft, the last one is the target's draw."""
+    gen = torch.Generator().manual_seed(3)
+    for seed in range(300):
+        p = _dirichlet((4, V), gen)
+        plain = [sample_at(p[i], seed, 10 + i) for i in range(4)]
+        draft = torch.tensor(plain[:3])
+        wrong = int(torch.randint(3, (), generator=gen))
+        draft[wrong] = (draft[wrong] + 1 + seed % (V - 1)) % V  # differs from plain's draw there
+        verdict = verify_chain_coupled(draft, lambda i, p=p, seed=seed: sample_at(p[i], seed, 10 + i))
+        assert verdict.num_accepted == wrong
+        assert draft[:wrong].tolist() + [verdict.next_token] == plain[: wrong + 1]
+
+
+def test_coupled_onehot_draft_is_accepted_with_target_probability() -> None:
+    p = torch.tensor([[0.1, 0.6, 0.3] + [0.0] * (V - 3), [1.0 / V] * V])
+    accepted = sum(
+        verify_chain_coupled(torch.tensor([1]), lambda i, s=seed: sample_at(p[i], s, i)).num_accepted
+        for seed in range(N_TRIALS)
+    )
+    assert abs(accepted / N_TRIALS - 0.6) < 4 * (0.6 * 0.4 / N_TRIALS) ** 0.5
+
+
+def test_coupled_all_accepted_takes_the_bonus_draw() -> None:
+    p = torch.eye(V)[[2, 5, 7]]
+    verdict = verify_chain_coupled(torch.tensor([2, 5]), lambda i: sample_at(p[i], 0, i))
+    assert (verdict.num_accepted, verdict.next_token) == (2, 7)

@@ -26,11 +26,11 @@ from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
-from spectot.spec.sampling import SamplingParams, sample, target_probs
+from spectot.spec.sampling import SamplingParams, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
-from spectot.spec.tree_verify import verify_tree
+from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
 from spectot.spec.trees.dynamic import TreePolicy
-from spectot.spec.verify import verify_chain, verify_chain_greedy
+from spectot.spec.verify import verify_chain, verify_chain_coupled, verify_chain_greedy
 
 Method = Literal["ar", "sd"]
 FinishReason = Literal["eos", "stop", "length"]
@@ -67,7 +67,8 @@ class _Stream:
     key: int
     sid: int | None  # the stream's KV in the target cache; None until its prompt is prefilled
     prompt: list[int]
-    generator: torch.Generator  # the stream's own: its samples do not depend on how streams are scheduled
+    seed: int  # the stream's token j is drawn with noise E_j(seed, j) (``sample_at``): every engine emits the same
+    generator: torch.Generator  # from the seed: a sampling draft's own randomness (and its verification's)
     config: DecodeConfig
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -192,7 +193,7 @@ class DecodeSession:
             seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
         first, self._next_key = self._next_key, self._next_key + len(prompts)
         new = [
-            _Stream(first + i, None, list(p), torch.Generator().manual_seed(seed), config)
+            _Stream(first + i, None, list(p), seed, torch.Generator().manual_seed(seed), config)
             for i, (p, seed) in enumerate(zip(prompts, seeds))
         ]
         self.streams += new
@@ -266,7 +267,7 @@ class DecodeSession:
                 s.unseen_hidden.append(entry.hidden)
                 s.hidden.append(entry.hidden)
             s.stats.prompt_tokens = len(s.prompt)
-            token = self._sample_one(entry.logits, s.config.sampling, s.generator)
+            token = self._sample_one(entry.logits, s)
             self._emit(s, [token], _logprobs(entry.logits[None], [token]))
 
     def begin(self, streams: Sequence[_Stream]) -> None:
@@ -379,7 +380,7 @@ class DecodeSession:
         self.batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
-            path, next_token = self._verify(d, st.tree, logits, s.config.sampling, s.generator)
+            path, next_token = self._verify(d, st.tree, logits, s)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
             if self.decoder.draft_length is not None and d.parents is None:
@@ -403,7 +404,7 @@ class DecodeSession:
             self.prefilled_tokens += len(tokens)
             if s.to_fill == 0:
                 s.stats.prompt_tokens = len(s.prompt)
-                token = self._sample_one(logits[0], s.config.sampling, s.generator)
+                token = self._sample_one(logits[0], s)
                 self._emit(s, [token], _logprobs(logits, [token]))
         self.batch.time_verify += time.perf_counter() - t
 
@@ -411,24 +412,38 @@ class DecodeSession:
         # every forward, whatever the session's first config: streams that join later may draft (EDD)
         return self.decoder.hidden_layer
 
-    def _verify(
-        self, draft: Draft, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams, generator
-    ) -> tuple[list[int], int]:
-        """-> (accepted root-to-node path, recovered or bonus token)."""
-        if draft.parents is not None:
-            rule = "greedy" if sampling.greedy else draft.rule or "deterministic"
-            verdict = verify_tree(tree, target_probs(logits, sampling), draft.node_q(), rule, generator)
-            return verdict.path, verdict.next_token
+    def _verify(self, draft: Draft, tree: TokenTree, logits: torch.Tensor, s: _Stream) -> tuple[list[int], int]:
+        """-> (accepted root-to-node path, recovered or bonus token). A deterministic draft (one-hot q) is
+        verified by the coupled rule: node u's target token is the one plain decoding draws at its position,
+        so the output equals ``ar``'s token for token; a sampling draft keeps speculative sampling."""
+        sampling, first = s.config.sampling, len(s.generated)  # the root's token is generated token ``first``
         if sampling.greedy:
-            chain = verify_chain_greedy(draft.tokens, logits.argmax(-1))
+            target_argmax = logits.argmax(-1)
+            if draft.parents is not None:
+                verdict = verify_tree_coupled(tree, lambda u: int(target_argmax[u]))
+                return verdict.path, verdict.next_token
+            chain = verify_chain_greedy(draft.tokens, target_argmax)
+            return list(range(chain.num_accepted + 1)), chain.next_token
+        p = target_probs(logits, sampling)
+        if draft.parents is not None:
+            rule = draft.rule or "deterministic"
+            if rule == "deterministic":
+                depths = tree.depths.tolist()
+                verdict = verify_tree_coupled(tree, lambda u: sample_at(p[u], s.seed, first + depths[u]))
+            else:
+                verdict = verify_tree(tree, p, draft.node_q(), rule, s.generator)
+            return verdict.path, verdict.next_token
+        if draft.q is None:
+            chain = verify_chain_coupled(draft.tokens, lambda i: sample_at(p[i], s.seed, first + i))
         else:
-            chain = verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, generator)
+            chain = verify_chain(draft.tokens, p, draft.q, s.generator)
         return list(range(chain.num_accepted + 1)), chain.next_token
 
-    def _sample_one(self, logits: torch.Tensor, sampling: SamplingParams, generator) -> int:
-        if sampling.greedy:
+    def _sample_one(self, logits: torch.Tensor, s: _Stream) -> int:
+        """The stream's next token on its own: plain decoding's draw at its position."""
+        if s.config.sampling.greedy:
             return int(logits.argmax())
-        return int(sample(target_probs(logits, sampling), generator))
+        return sample_at(target_probs(logits, s.config.sampling), s.seed, len(s.generated))
 
     def _emit(self, s: _Stream, new: list[int], logprobs: list[float]) -> int:
         """Append tokens until a stop condition; returns how many were kept."""

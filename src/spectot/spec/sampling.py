@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -73,3 +74,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     exponential race (argmax p / E, E ~ Exp(1)) draws exactly from p."""
     noise = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / noise).argmax(-1)
+
+
+def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """E_j ~ Exp(1)^V, the noise of a stream's j-th generated token: a function of (seed, j) only
+    (a SeedSequence of both, so the vectors of distinct (seed, j) are independent)."""
+    rng = np.random.default_rng([seed, position])
+    return torch.from_numpy(rng.standard_exponential(vocab, dtype=np.float32))
+
+
+def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
+    """x_j = argmax_v p_j(v) / E_j(v): the exponential race on the position's own noise, an exact draw
+    from p_j that every engine reproduces, however many tokens its forwards cover."""
+    return int((probs / position_noise(seed, position, probs.shape[-1])).argmax())

@@ -12,7 +12,9 @@ distribution u's children were drawn from. The rules differ in how the children 
   distinct draws from q without replacement. On rejection of x: p <- norm(max(p - q, 0)), then
   q(x) <- 0 and q <- norm(q); when q has no mass left, q is uniform over the tokens not yet rejected.
 - ``deterministic`` (top-k drafts, n-gram): one-hot q per child; the rule above with q = onehot(x)
-  accepts some child with probability sum of p over the children.
+  accepts some child with probability sum of p over the children. The decoder verifies such trees
+  with the coupled rule instead (``verify_tree_coupled``): the same acceptance, and plain decoding's
+  output token for token.
 - ``naive``: draw y ~ p; accept the child equal to y if there is one, else emit y.
 
 Worked example (greedy): tokens [t0, a, b, c], parents [-1, 0, 0, 1], target argmax after t0 is b,
@@ -21,6 +23,7 @@ after b is z: b is accepted (node 2), b has no child z, so the path is [0, 2] an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,10 +48,18 @@ class TreeVerdict:
 
 def verify_tree_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> TreeVerdict:
     """``target_argmax``: (n,) argmax of p at every node."""
+    return verify_tree_coupled(tree, lambda node: int(target_argmax[node]))
+
+
+def verify_tree_coupled(tree: TokenTree, target_token: Callable[[int], int]) -> TreeVerdict:
+    """Follow the child equal to the target's token at each node, ``target_token(node)``: its argmax
+    (greedy), or argmax p / E with the stream's own noise for that node's depth (``sampling.sample_at``),
+    which makes a sampled tree emit exactly what plain decoding samples (the coupled rule of
+    ``verify.verify_chain_coupled``, for deterministic children)."""
     children = _children(tree)
     node, path = 0, [0]
     while True:
-        want = int(target_argmax[node])
+        want = target_token(node)
         nxt = next((c for c in children[node] if int(tree.tokens[c]) == want), None)
         if nxt is None:
             return TreeVerdict(path, want)

@@ -13,6 +13,7 @@ one-hot for deterministic drafts such as greedy or n-gram, or the output is not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -63,3 +64,17 @@ def verify_chain_greedy(draft: torch.Tensor, target_argmax: torch.Tensor) -> Ver
     mismatch = (draft != target_argmax[:k]).nonzero()
     i = k if mismatch.numel() == 0 else int(mismatch[0])
     return Verdict(i, int(target_argmax[i]))
+
+
+def verify_chain_coupled(draft: torch.Tensor, target_token: Callable[[int], int]) -> Verdict:
+    """Coupled verification of a deterministic draft (n-gram, greedy or top-k draft tokens): the
+    target's token at depth i is ``target_token(i)`` = argmax p_i / E_i, drawn with the stream's own
+    noise for that position (``sampling.sample_at``) exactly as plain decoding draws it. Accept while
+    the draft equals it; the first mismatch, or the bonus position, emits the target's token. The
+    output is plain decoding's, token for token, so it is distributed as the target's; x_i is accepted
+    with probability p_i(x_i), what ``verify_chain`` gives a one-hot q."""
+    for i, x in enumerate(draft.tolist()):
+        token = target_token(i)
+        if x != token:
+            return Verdict(i, token)
+    return Verdict(draft.numel(), target_token(draft.numel()))
