@@ -28,7 +28,7 @@ from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
 from spectot.spec.sampling import SamplingParams, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
-from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
+from spectot.spec.tree_verify import verify_tree, verify_tree_coupled, verify_tree_greedy
 from spectot.spec.trees.dynamic import TreePolicy
 from spectot.spec.verify import verify_chain, verify_chain_coupled, verify_chain_greedy
 
@@ -420,23 +420,25 @@ class DecodeSession:
         if sampling.greedy:
             target_argmax = logits.argmax(-1)
             if draft.parents is not None:
-                verdict = verify_tree_coupled(tree, lambda u: int(target_argmax[u]))
+                verdict = verify_tree_greedy(tree, target_argmax)
                 return verdict.path, verdict.next_token
             chain = verify_chain_greedy(draft.tokens, target_argmax)
             return list(range(chain.num_accepted + 1)), chain.next_token
-        p = target_probs(logits, sampling)
+
+        def draw(row: int, depth: int) -> int:  # plain decoding's token at the row's position (rows on the path only)
+            return sample_at(target_probs(logits[row], sampling), s.seed, first + depth)
+
         if draft.parents is not None:
-            rule = draft.rule or "deterministic"
-            if rule == "deterministic":
+            if draft.rule in (None, "deterministic"):
                 depths = tree.depths.tolist()
-                verdict = verify_tree_coupled(tree, lambda u: sample_at(p[u], s.seed, first + depths[u]))
+                verdict = verify_tree_coupled(tree, lambda u: draw(u, depths[u]))
             else:
-                verdict = verify_tree(tree, p, draft.node_q(), rule, s.generator)
+                verdict = verify_tree(tree, target_probs(logits, sampling), draft.node_q(), draft.rule, s.generator)
             return verdict.path, verdict.next_token
         if draft.q is None:
-            chain = verify_chain_coupled(draft.tokens, lambda i: sample_at(p[i], s.seed, first + i))
+            chain = verify_chain_coupled(draft.tokens, lambda i: draw(i, i))
         else:
-            chain = verify_chain(draft.tokens, p, draft.q, s.generator)
+            chain = verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, s.generator)
         return list(range(chain.num_accepted + 1)), chain.next_token
 
     def _sample_one(self, logits: torch.Tensor, s: _Stream) -> int:
