@@ -517,7 +517,14 @@ class BenchSpexOptions:
     in_flight: str = field(default="1,4,8", **opt("comma-separated queries in flight"))
     variants: str = field(default="plain,spex,sd,spex+sd", **opt("comma-separated: plain, spex, sd, spex+sd"))
     remote: bool = field(default=True, **opt("also run once through `spectot serve` + the OpenAI backend"))
+    fixed_k_total: int = field(
+        default=0, **opt("SPEX's k_total for every cell instead of the one measured from the engine's throughput (0)")
+    )
     out: str = field(default="runs/bench_spex", **opt("output folder (JSON, Markdown, records for resuming)"))
+
+    def __post_init__(self) -> None:
+        if self.fixed_k_total < 0:
+            raise ValueError(f"--fixed-k-total must be >= 0 (0: measure it), got {self.fixed_k_total}")
 
 
 @dataclass(frozen=True)

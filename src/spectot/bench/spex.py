@@ -6,7 +6,8 @@ speculative decoding inside every expansion), ``spex+sd`` (both) — the same qu
 same seeds on one loaded target: questions per minute, accuracy, speculation hit / saving rates and
 wasted tokens, and the speedup over ``plain`` at the same concurrency. Before the table, the local
 engine's throughput is measured at rising concurrency; k_total (SPEX's global cap on expansions in
-flight) is the most requests that still run at nearly solo speed. Finally one cell runs again through ``spectot serve`` + the OpenAI backend
+flight) is the most requests that still run at nearly solo speed (``--fixed-k-total`` sets it instead).
+Finally one cell runs again through ``spectot serve`` + the OpenAI backend
 over loopback, to show the remote path gives the same answers. Every cell is one record (appended as
 it finishes), so an interrupted run resumes.
 """
@@ -61,7 +62,7 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     if curve is None:
         curve = measure_concurrency(pipe)
         append_record(out / "records.jsonl", config_key, ("concurrency",), curve, records)
-    k_total = _k_total(curve)
+    k_total = opts.fixed_k_total or _k_total(curve)
 
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
     stale = [c for c in cells if c in records and records[c].get("data") != dict(tasks)[c[0]]]
@@ -110,7 +111,7 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         rows.append(row)
     curve, remote = records.get(("concurrency",)), records.get(("remote",))
     if curve is not None:  # derived here, so a stored curve always shows the current rule's k_total
-        curve = {**curve, "k_total": _k_total(curve)}
+        curve = {**curve, "k_total": config_key.get("fixed_k_total") or _k_total(curve)}
     result = {
         "rows": rows,
         "concurrency": curve,
