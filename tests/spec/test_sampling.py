@@ -217,6 +217,7 @@ def test_position_noise_is_a_function_of_seed_and_position() -> None:
     assert torch.equal(a, position_noise(7, 3, 50))
     assert not torch.equal(a, position_noise(7, 4, 50))
     assert not torch.equal(a, position_noise(8, 3, 50))
+    assert torch.equal(position_noise(-1, 3, 50), position_noise(2**64 - 1, 3, 50))  # any int seed works
 
 
 def test_sample_at_draws_from_probs_across_seeds() -> None:

@@ -79,7 +79,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
 def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     """E_j ~ Exp(1)^V, the noise of a stream's j-th generated token: a function of (seed, j) only
     (a SeedSequence of both, so the vectors of distinct (seed, j) are independent)."""
-    rng = np.random.default_rng([seed, position])
+    rng = np.random.default_rng([seed % 2**64, position])  # a negative seed (an API client's) wraps as torch's does
     return torch.from_numpy(rng.standard_exponential(vocab, dtype=np.float32))
 
 
