@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from spectot.spec.proposers.base import DraftRequest
-from spectot.spec.proposers.ngram import NgramProposer, lookup_continuation, lookup_match
+from spectot.spec.proposers.ngram import NgramProposer, lookup_match
 from spectot.spec.sampling import SamplingParams
 
 
 def lookup(tokens: list[int], k: int, **kwargs) -> list[int]:
-    out = lookup_continuation(torch.tensor(tokens, dtype=torch.int64), k, **kwargs)
+    out = lookup_match(torch.tensor(tokens, dtype=torch.int64), k, **kwargs)[0]
     assert out.dtype == torch.int64 and out.dim() == 1
     return out.tolist()
 

@@ -28,9 +28,9 @@ from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
 from spectot.spec.sampling import SamplingParams, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
-from spectot.spec.tree_verify import verify_tree, verify_tree_coupled, verify_tree_greedy
+from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
 from spectot.spec.trees.dynamic import TreePolicy
-from spectot.spec.verify import verify_chain, verify_chain_coupled, verify_chain_greedy
+from spectot.spec.verify import verify_chain, verify_chain_coupled
 
 Method = Literal["ar", "sd"]
 FinishReason = Literal["eos", "stop", "length"]
@@ -413,30 +413,30 @@ class DecodeSession:
         return self.decoder.hidden_layer
 
     def _verify(self, draft: Draft, tree: TokenTree, logits: torch.Tensor, s: _Stream) -> tuple[list[int], int]:
-        """-> (accepted root-to-node path, recovered or bonus token). A deterministic draft (one-hot q) is
-        verified by the coupled rule: node u's target token is the one plain decoding draws at its position,
-        so the output equals ``ar``'s token for token; a sampling draft keeps speculative sampling."""
+        """-> (accepted root-to-node path, recovered or bonus token). Deterministic drafts (greedy streams, or a
+        one-hot q) follow the target's own token at each row: its argmax, or the draw plain decoding makes at
+        that position (``sample_at``), so the output equals ``ar``'s token for token. A sampling draft under a
+        sampling stream keeps speculative sampling."""
         sampling, first = s.config.sampling, len(s.generated)  # the root's token is generated token ``first``
         if sampling.greedy:
-            target_argmax = logits.argmax(-1)
-            if draft.parents is not None:
-                verdict = verify_tree_greedy(tree, target_argmax)
-                return verdict.path, verdict.next_token
-            chain = verify_chain_greedy(draft.tokens, target_argmax)
-            return list(range(chain.num_accepted + 1)), chain.next_token
+            argmax = logits.argmax(-1)
 
-        def draw(row: int, depth: int) -> int:  # plain decoding's token at the row's position (rows on the path only)
-            return sample_at(target_probs(logits[row], sampling), s.seed, first + depth)
+            def target(row: int, depth: int) -> int:
+                return int(argmax[row])
+        else:
+
+            def target(row: int, depth: int) -> int:  # only the rows on the accepted path are drawn
+                return sample_at(target_probs(logits[row], sampling), s.seed, first + depth)
 
         if draft.parents is not None:
-            if draft.rule in (None, "deterministic"):
+            if sampling.greedy or draft.rule in (None, "deterministic"):
                 depths = tree.depths.tolist()
-                verdict = verify_tree_coupled(tree, lambda u: draw(u, depths[u]))
+                verdict = verify_tree_coupled(tree, lambda u: target(u, depths[u]))
             else:
                 verdict = verify_tree(tree, target_probs(logits, sampling), draft.node_q(), draft.rule, s.generator)
             return verdict.path, verdict.next_token
-        if draft.q is None:
-            chain = verify_chain_coupled(draft.tokens, lambda i: draw(i, i))
+        if sampling.greedy or draft.q is None:
+            chain = verify_chain_coupled(draft.tokens, lambda i: target(i, i))
         else:
             chain = verify_chain(draft.tokens, target_probs(logits, sampling), draft.q, s.generator)
         return list(range(chain.num_accepted + 1)), chain.next_token

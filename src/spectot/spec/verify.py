@@ -59,11 +59,8 @@ def verify_chain(
 
 def verify_chain_greedy(draft: torch.Tensor, target_argmax: torch.Tensor) -> Verdict:
     """Greedy: accept the longest prefix equal to the target's argmax; the next token is the
-    target's argmax after it. ``target_argmax``: (k + 1,)."""
-    k = draft.numel()
-    mismatch = (draft != target_argmax[:k]).nonzero()
-    i = k if mismatch.numel() == 0 else int(mismatch[0])
-    return Verdict(i, int(target_argmax[i]))
+    target's argmax after it (the coupled rule with the argmax as the target's token). ``target_argmax``: (k + 1,)."""
+    return verify_chain_coupled(draft, lambda i: int(target_argmax[i]))
 
 
 def verify_chain_coupled(draft: torch.Tensor, target_token: Callable[[int], int]) -> Verdict:

@@ -17,17 +17,13 @@ from spectot.spec.proposers.base import Draft, DraftRequest
 from spectot.spec.sampling import SamplingParams
 
 
-def lookup_continuation(tokens: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> torch.Tensor:
-    """(L,) tokens -> up to k tokens that followed the latest earlier match of the trailing n-gram.
-
-    Example: tokens = [5, 6, 7, 9, 5, 6], k = 2: the trailing [5, 6] occurred at 0, so propose [7, 9].
-    """
-    return lookup_match(tokens, k, max_ngram, min_ngram)[0]
-
-
 def lookup_match(tokens: torch.Tensor, k: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[torch.Tensor, int]:
-    """``lookup_continuation`` and the length n of the n-gram it matched (0: none). A longer match is
-    stronger evidence: the adaptive draft length tracks acceptance by n (``spec/draft_length.py``)."""
+    """(L,) tokens -> up to k tokens that followed the latest earlier match of the trailing n-gram, and the
+    length n of that n-gram (0: none). A longer match is stronger evidence: the adaptive draft length tracks
+    acceptance by n (``spec/draft_length.py``).
+
+    Example: tokens = [5, 6, 7, 9, 5, 6], k = 2: the trailing [5, 6] occurred at 0, so ([7, 9], 2).
+    """
     n_tokens = tokens.numel()
     for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
         windows = tokens[: n_tokens - 1].unfold(0, n, 1)  # (L - n, n): every n-gram that has a successor
