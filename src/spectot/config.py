@@ -285,6 +285,10 @@ class TrainDraftOptions:
         default="kl", **opt("kl: KL(P_target || P_draft); ce: cross-entropy on the target's argmax")
     )
     lr: float = field(default=1e-4, **opt("AdamW learning rate"))
+    precision: Literal["fp32", "bf16"] = field(
+        default="fp32",
+        **opt("training compute: fp32, or bf16 autocast over fp32 weights (several times faster with AMX or a GPU)"),
+    )
     batch_tokens: int = field(default=2048, **opt("padded tokens per training batch"))
     epochs: float = field(default=1.0, **opt("passes over the corpus"))
     seed: int = field(default=0, **opt("seed: data order and block lengths"))
@@ -442,6 +446,13 @@ class SolveOptions:
     )
     json: str = field(default="", **opt("write one JSON line per problem (tree, answer, stats) to this file"))
     trace: str = field(default="", **opt("write the per-stream timeline here (draw it with `spectot trace`)"))
+    generations: str = field(
+        default="",
+        **opt(
+            "write every generation (prompt_ids, token_ids, TG / SE) as JSONL here: the target's own thoughts, "
+            "a `spectot train-draft --corpus`"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.limit < 0 or self.offset < 0:

@@ -49,6 +49,21 @@ def bfs_config(search: SearchOptions) -> BfsConfig:
     )
 
 
+def _appender(path: str) -> Callable[[dict], None] | None:
+    """A callback appending each record as a JSON line to ``path`` (emptied first), or None."""
+    if not path:
+        return None
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("")
+
+    def append(record: dict) -> None:
+        with out.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return append
+
+
 def run_solve(
     model: ModelOptions,
     draft: DraftOptions,
@@ -79,13 +94,11 @@ def run_solve(
         method,
         draft.num_draft_tokens,
         timeline,
+        _appender(options.generations),
     )
     policy = Policy(backend, search.seed, search.thought_temperature, search.eval_temperature)
     run = SolveRun(stats=backend.stats, timeline=timeline)
-    out = Path(options.json) if options.json else None
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("")
+    write = _appender(options.json)
     t0 = time.perf_counter()
     for i, problem in enumerate(problems):
         t = time.perf_counter()
@@ -99,9 +112,8 @@ def run_solve(
             "engine": options.engine,
         }
         run.records.append(record)
-        if out is not None:
-            with out.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        if write is not None:
+            write(record)
         if report is not None:
             report(i + 1, len(problems), record)
     run.seconds = time.perf_counter() - t0

@@ -90,6 +90,8 @@ def run_tree_solve(
 ) -> TreeSolveRun:
     """Solve ``options.limit`` problems with ``tree.queries_in_flight`` at once; ``report(done, total,
     record)`` after each; ``close``: close the backend at the end (in the loop that used it)."""
+    if options.generations:
+        raise ValueError(f"--generations records --search tot-bfs runs; --search {search.search} does not write it")
     task = make_task(options.task, search.depth, options.prompt_pool)
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
     out = Path(options.json) if options.json else None

@@ -80,6 +80,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         json.dumps([1, 2, 3]),  # 9: not an object
         json.dumps({"token_ids": [5]}),  # 10: too short to train on, skipped silently
         json.dumps({"token_ids": [9, 8, 7]}),  # 11: engine output without prompt_ids
+        json.dumps({"prompt_ids": list(range(10, 17)), "token_ids": [20, 21, 22]}),  # 12: keeps its last 8
     ]
     sequences, issues = read_corpus([write_lines(tmp_path / "c.jsonl", lines)], encode_chat, encode_text, 8)
     assert sequences == [
@@ -87,6 +88,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         (encode_chat("Hi?") + encode_text("6*4=24 so #### 24"))[:8],
         encode_text("abcdefgh"),
         [9, 8, 7],
+        [12, 13, 14, 15, 16, 20, 21, 22],
     ]
     assert [(i.line, i.reason.split(":")[0]) for i in issues] == [
         (5, "JSONDecodeError"),
@@ -280,6 +282,15 @@ def test_one_training_step_lowers_the_loss(target, records, tmp_path, loss: str)
     assert target.get_input_embeddings().weight.equal(target_embed)
     assert all(not v.equal(trainable[k]) for k, v in draft.trainable_state().items())
     assert (tmp_path / "ckpt.pt").exists()
+
+
+def test_bf16_autocast_training_keeps_fp32_weights_and_lowers_the_loss(target, records, tmp_path) -> None:
+    settings = TrainSettings(block_min=2, block_max=5, lr=2e-3, batch_tokens=10_000, epochs=3, precision="bf16")
+    draft = fresh_draft(target)
+    before = batch_loss(draft, records, settings)
+    train(draft, records, settings, tmp_path / "ckpt.pt", resume=False)
+    assert all(v.dtype == torch.float32 for v in draft.trainable_state().values() if v.is_floating_point())
+    assert batch_loss(draft, records, settings) < before - 1e-3  # measured in fp32
 
 
 class Interrupted(Exception):

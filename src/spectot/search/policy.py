@@ -101,6 +101,7 @@ class LocalBackend:
     method: str  # "ar" or "sd": what the engine's decoder runs
     num_draft_tokens: int = 5
     timeline: object | None = None  # schedulers.timeline.Timeline
+    record: Callable[[dict], None] | None = None  # gets every generation's prompt and token ids
     stats: dict[str, ComponentStats] = field(default_factory=dict)
     levels: int = 0
 
@@ -127,8 +128,17 @@ class LocalBackend:
             results = self.engine.run(level, self.timeline)
             seconds = time.perf_counter() - t
             self._count(call.component, results, seconds)
-            for i, res in zip(members, results):
+            for i, prompt_ids, res in zip(members, level.prompts, results):
                 texts[i] = cut_at_stop(self.decode(res.token_ids), stop)
+                if self.record is not None:
+                    self.record(
+                        {
+                            "component": call.component,
+                            "temperature": call.temperature,
+                            "prompt_ids": list(prompt_ids),
+                            "token_ids": list(res.token_ids),
+                        }
+                    )
         return texts
 
     def _count(self, component: str, results, seconds: float) -> None:

@@ -3,7 +3,8 @@
 Three resumable stages, each shows progress through the ``report`` callback:
 
 1. corpus: JSONL lines -> token sequences. A line may be an engine output (``prompt_ids`` +
-   ``token_ids``, what ``spectot generate --json`` prints: the target's own generations), a
+   ``token_ids``, what ``spectot generate --json`` prints and ``spectot solve --generations`` writes:
+   the target's own generations; cut to their last ``max_len`` tokens), a
    question/answer pair (GSM8K: chat-templated question + answer, calculator annotations removed) or ``{"text": ...}``. A line that
    does not parse is reported with its number and skipped.
 2. features: the frozen target runs every sequence once (spectot's engine, the dtype the draft will
@@ -60,29 +61,30 @@ def read_corpus(
                 if not line.strip():
                     continue
                 try:
-                    ids = _line_tokens(json.loads(line), encode_chat, encode_text)
+                    ids, generated = _line_tokens(json.loads(line), encode_chat, encode_text)
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
                     issues.append(CorpusIssue(path, number, f"{type(err).__name__}: {err}"))
                     continue
-                if len(ids) >= 2:
-                    sequences.append(ids[:max_len])
+                if len(ids) >= 2:  # a generation keeps its end: the tokens the target wrote and what precedes them
+                    sequences.append(ids[-max_len:] if generated else ids[:max_len])
     if not sequences:
         raise DataError(f"no usable lines in {', '.join(paths)} ({len(issues)} malformed)")
     return sequences, issues
 
 
-def _line_tokens(record: Any, encode_chat: Callable, encode_text: Callable) -> list[int]:
+def _line_tokens(record: Any, encode_chat: Callable, encode_text: Callable) -> tuple[list[int], bool]:
+    """The line's token ids, and whether they are an engine's generation (prompt + token ids)."""
     if not isinstance(record, dict):
         raise TypeError("expected a JSON object")
     if "token_ids" in record:
         ids = list(record.get("prompt_ids", [])) + list(record["token_ids"])
         if not all(isinstance(t, int) and t >= 0 for t in ids):
             raise ValueError("prompt_ids/token_ids must be non-negative integers")
-        return ids
+        return ids, True
     if "question" in record:  # GSM8K: drop the calculator annotations <<48/2=24>>, which models do not write
         answer = re.sub(r"<<[^>]*>>", "", str(record.get("answer", "")))
-        return encode_chat(str(record["question"])) + encode_text(answer)
-    return encode_text(str(record["text"]))
+        return encode_chat(str(record["question"])) + encode_text(answer), False
+    return encode_text(str(record["text"])), False
 
 
 def token_counts(sequences: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
@@ -178,6 +180,7 @@ class TrainSettings:
     block_max: int = 10
     loss: Loss = "kl"
     lr: float = 1e-4  # peak: linear warm-up over the first 2% of steps, cosine decay to lr / 10
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast matmuls, fp32 weights, optimizer and loss
     batch_tokens: int = 2048
     epochs: float = 1.0
     seed: int = 0
@@ -261,7 +264,8 @@ def train(
         gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
         starts = random_block_starts(batch["tokens"].shape[1], settings.block_min, settings.block_max, gen)
         t0 = time.perf_counter()
-        logits = draft(batch["tokens"], batch["hidden"] if settings.use_hidden else None, starts)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+            logits = draft(batch["tokens"], batch["hidden"] if settings.use_hidden else None, starts)
         loss = distill_loss(logits, batch["top_index"], batch["top_probs"], batch["valid"], settings.loss)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,37 @@
+"""`spectot solve --generations`: every generation of a ToT-BFS run is written with its token ids, and
+the file is a `spectot train-draft` corpus."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
+from spectot.solve import run_solve
+from spectot.train.draft import read_corpus
+from spectot.tree_solve import run_tree_solve
+
+
+def test_generations_are_recorded_per_stream_and_read_as_a_corpus(tiny_checkpoint, tmp_path) -> None:
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    path = tmp_path / "gen" / "generations.jsonl"
+    options = SolveOptions(task="gsm8k", limit=2, engine="batched-ar", generations=str(path))
+    run = run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=2), options)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    by_component = {c: [r for r in records if r["component"] == c] for c in ("TG", "SE")}
+    assert {c: len(rs) for c, rs in by_component.items()} == {c: run.stats[c].streams for c in ("TG", "SE")}
+    assert sum(len(r["token_ids"]) for r in records) == sum(c.new_tokens for c in run.stats.values())
+    assert {r["temperature"] for r in by_component["TG"]} == {1.0}
+    sequences, issues = read_corpus([str(path)], lambda t: [], lambda t: [], max_len=10_000)
+    assert not issues
+    assert sequences == [
+        r["prompt_ids"] + r["token_ids"] for r in records if len(r["prompt_ids"] + r["token_ids"]) >= 2
+    ]
+
+
+def test_generations_of_an_async_search_are_refused(tmp_path) -> None:
+    options = SolveOptions(generations=str(tmp_path / "g.jsonl"))
+    with pytest.raises(ValueError, match="--search tot-bfs"):
+        run_tree_solve(SearchOptions(search="rebase"), TreeSearchOptions(), options, backend=None)
+    assert not (tmp_path / "g.jsonl").exists()
