@@ -2,11 +2,13 @@
 
 OUT holds ``draft.json`` + ``draft.safetensors`` (what ``--draft OUT`` loads), ``checkpoint.pt``
 (``--resume``), ``train.json`` (settings, corpus issues, loss curve summary) and, unless
-``--features`` points elsewhere, ``features/`` (shards reusable by other runs on the same corpus).
+``--features`` points elsewhere, ``features/`` with one folder per corpus file, named by the file's
+name and content hash (another run that trains on that file reuses its shards).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict
@@ -44,25 +46,33 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     def encode_text(text: str) -> list[int]:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    sequences, issues = read_corpus(options.corpus, encode_chat, encode_text, options.max_len)
-    for issue in issues:
-        logger.warning("%s line %d skipped: %s", issue.path, issue.line, issue.reason)
-
     features = Path(options.features) if options.features else out / "features"
-    meta = {
+    runner = ModelRunner(
+        target.model, max_context=target.max_context, capacity=options.max_len + 8, kernels=model.kernels
+    )
+    setup = {
         "target": model.target,
         "dtype": model.dtype,
         "hidden_layer": options.hidden_layer,
         "top_k": options.top_k,
         "max_len": options.max_len,
-        "corpus": list(options.corpus),
-        "sequences": len(sequences),
     }
-    _check_features_meta(features, meta)
-    runner = ModelRunner(
-        target.model, max_context=target.max_context, capacity=options.max_len + 8, kernels=model.kernels
-    )
-    shards = extract_features(runner, sequences, options.hidden_layer, options.top_k, features, report=report)
+    corpora = [(path, *read_corpus([path], encode_chat, encode_text, options.max_len)) for path in options.corpus]
+    sequences = [ids for _, file_sequences, _ in corpora for ids in file_sequences]
+    issues = [issue for _, _, file_issues in corpora for issue in file_issues]
+    for issue in issues:
+        logger.warning("%s line %d skipped: %s", issue.path, issue.line, issue.reason)
+    total, done, shards = sum(map(len, sequences)), 0, []
+    for path, file_sequences, _ in corpora:
+        folder = features / _features_name(path)
+        _check_features_meta(folder, {**setup, "sequences": len(file_sequences)})
+
+        def progress(stage: str, finished: int, _: int, base: int = done) -> None:
+            if report:
+                report(stage, base + finished, total)
+
+        shards += extract_features(runner, file_sequences, options.hidden_layer, options.top_k, folder, report=progress)
+        done += sum(map(len, file_sequences))
     del runner
 
     kind = options.kind
@@ -106,6 +116,12 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     }
     (out / "train.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _features_name(path: str) -> str:
+    """A corpus file's features folder: its name and a hash of its content (an edited file gets new features)."""
+    digest = hashlib.blake2b(Path(path).read_bytes(), digest_size=6).hexdigest()
+    return f"{Path(path).stem}-{digest}"
 
 
 def _check_features_meta(features: Path, meta: dict) -> None:

@@ -1,0 +1,48 @@
+"""`spectot train-draft` end to end on a tiny checkpoint: features live in one folder per corpus file,
+so a run that adds a file extracts only that file, and an edited file gets fresh features."""
+
+from __future__ import annotations
+
+import json
+
+from spectot.config import ModelOptions, TrainDraftOptions
+from spectot.train.job import run_train_draft
+
+
+def corpus(path, seed: int, lines: int) -> str:
+    rows = [" ".join(f"w{(seed + 3 * i + j) % 50 + 5}" for j in range(6 + i % 5)) for i in range(lines)]
+    path.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
+    return str(path)
+
+
+def test_features_are_extracted_once_per_corpus_file(tiny_checkpoint, tmp_path) -> None:
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    a, b = corpus(tmp_path / "a.jsonl", 0, 6), corpus(tmp_path / "b.jsonl", 7, 4)
+    features = tmp_path / "features"
+
+    def train(*files: str, out: str) -> tuple[dict, list[int]]:
+        extracted = []
+
+        def report(stage: str, done: int, total: int, **metrics) -> None:
+            if stage == "features":
+                extracted.append(done)
+
+        options = TrainDraftOptions(
+            corpus=files, out=str(tmp_path / out), features=str(features), head_vocab=16, epochs=1, layers=1
+        )
+        return run_train_draft(model, options, report), extracted
+
+    first, _ = train(a, out="one")
+    folders = sorted(p.name for p in features.iterdir())
+    assert len(folders) == 1 and folders[0].startswith("a-")
+    mtimes = {p: p.stat().st_mtime_ns for p in features.rglob("shard_*.pt")}
+
+    second, progress = train(a, b, out="two")
+    assert sorted(p.name for p in features.iterdir())[0] == folders[0]
+    assert {p: p.stat().st_mtime_ns for p in (features / folders[0]).glob("shard_*.pt")} == mtimes  # reused
+    assert second["corpus"]["sequences"] == 10 and first["corpus"]["sequences"] == 6
+    assert progress[-1] == second["corpus"]["tokens"]  # progress counts the whole corpus, reused files too
+
+    corpus(tmp_path / "a.jsonl", 1, 6)  # an edited file is a new corpus
+    train(a, out="three")
+    assert len([p for p in features.iterdir() if p.name.startswith("a-")]) == 2
