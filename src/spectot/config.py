@@ -207,6 +207,13 @@ class GenerateOptions:
     limit: int = field(default=0, **opt("use only the first N prompts of --prompts (0 = all)"))
     batch_size: int = field(default=1, **opt("prompts decoded together, one target forward per step for all"))
     json: bool = field(default=False, **opt("print one JSON object per prompt (text, token ids, stats)"))
+    out: str | None = field(
+        default=None,
+        **opt(
+            "append one JSON object per prompt to FILE as each batch finishes; rerun the same command to "
+            "resume after the last batch written"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.prompts is None):

@@ -10,7 +10,7 @@ Names follow transformers (``max_new_tokens``, ``do_sample``, ``temperature``, `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,7 +193,10 @@ class Pipeline:
         stop: Sequence[str] = (),
         seed: int = 0,
         batch_size: int = 1,
+        on_batch: Callable[[list[Generation]], None] | None = None,
     ) -> list[Generation]:
+        """Decode ``prompts`` ``batch_size`` at a time; ``on_batch`` gets each batch's generations as soon
+        as it finishes (a long job writes them out and can resume from there)."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if method == "sd" and self.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with draft='ngram' or a draft model")
@@ -209,7 +212,10 @@ class Pipeline:
         for first in range(0, len(prompts), batch_size):
             chunk = prompts[first : first + batch_size]
             outs = self.decoder.generate([self.encode(p) for p in chunk], config)
-            results += [self._finish(p, out, config.stop) for p, out in zip(chunk, outs)]
+            batch = [self._finish(p, out, config.stop) for p, out in zip(chunk, outs)]
+            if on_batch is not None:
+                on_batch(batch)
+            results += batch
         return results
 
     def _finish(self, prompt: str, out, stop: tuple[str, ...]) -> Generation:

@@ -124,3 +124,37 @@ def test_train_draft_ablation_flag_turns_hidden_states_off() -> None:
 
     args = build_parser().parse_args(["train-draft", "--corpus", "x.jsonl", "--no-hidden-states"])
     assert from_flags(args, TrainDraftOptions).hidden_states is False
+
+
+def test_generate_out_appends_batches_and_resumes_after_a_kill(capsys, checkpoint, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question": f"w{i} w{i + 1} w{i}"}) + "\n" for i in range(1, 6)))
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template"]
+    argv += ["--prompts", str(prompts), "--method", "ar", "--max-new-tokens", "6", "--batch-size", "2"]
+    argv += ["--out", str(out)]
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and "5/5 prompts" in err
+    full = out.read_text().splitlines()
+    assert [json.loads(line)["prompt"] for line in full] == [f"w{i} w{i + 1} w{i}" for i in range(1, 6)]
+    # killed after the first batch, mid-way through writing the second
+    out.write_text(full[0] + "\n" + full[1] + "\n" + full[2][:17])
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and "2/5 prompts" not in err and "4/5 prompts" in err  # resumed at prompt 3, not 1
+    again = out.read_text().splitlines()
+    assert again[:2] == full[:2]
+    assert [json.loads(line)["token_ids"] for line in again] == [json.loads(line)["token_ids"] for line in full]
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and "already done" in err
+
+
+def test_generate_out_refuses_another_jobs_file(capsys, checkpoint, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"question": "w1"}\n{"question": "w2"}\n')
+    out = tmp_path / "out.jsonl"
+    other = json.dumps({"prompt": "w1"}) + "\n" + json.dumps({"prompt": "w9"}) + "\n"
+    out.write_text(other)
+    argv = ["generate", "--target", str(checkpoint), "--no-chat-template", "--prompts", str(prompts)]
+    code, _, err = run(capsys, *argv, "--method", "ar", "--out", str(out))
+    assert code == 2 and "out.jsonl:2" in err and "another prompt" in err
+    assert out.read_text() == other

@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from spectot.cli.flags import add_flags, from_flags
@@ -268,9 +270,17 @@ def _generate(args: argparse.Namespace) -> int:
         if options.prompt is not None
         else read_field(options.prompts, options.field_name, options.limit)
     )
+    done = 0
+    if options.out:
+        from spectot.data.jsonl import resume_outputs
+
+        done = resume_outputs(options.out, prompts)
+        if done == len(prompts):
+            print(f"{options.out}: all {done} prompts already done", file=sys.stderr)
+            return 0
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
     outs = pipe.generate(
-        prompts,
+        prompts[done:],
         max_new_tokens=sampling.max_new_tokens,
         do_sample=sampling.temperature > 0,
         temperature=sampling.temperature or 1.0,
@@ -281,7 +291,10 @@ def _generate(args: argparse.Namespace) -> int:
         stop=sampling.stop,
         seed=sampling.seed,
         batch_size=options.batch_size,
+        on_batch=None if options.out is None else _append_outputs(options.out, done, len(prompts)),
     )
+    if options.out:
+        return 0
     if options.json:
         for out in outs:
             print(json.dumps(out.to_dict()))
@@ -296,6 +309,21 @@ def _generate(args: argparse.Namespace) -> int:
         console.print(out.text, markup=False, highlight=False)
     console.print(stats_table([o.stats for o in outs], options.method))
     return 0
+
+
+def _append_outputs(path: str, done: int, total: int) -> Callable[[list], None]:
+    """An ``on_batch`` that appends a batch's generations to ``path`` and reports progress on stderr."""
+    start, written = time.monotonic(), [done]
+
+    def append(batch: list) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(g.to_dict()) + "\n" for g in batch)
+        written[0] += len(batch)
+        rate = (written[0] - done) / (time.monotonic() - start)
+        eta = (total - written[0]) / rate if rate else float("inf")
+        print(f"{path}: {written[0]}/{total} prompts, {rate * 60:.1f}/min, eta {eta / 60:.1f} min", file=sys.stderr)
+
+    return append
 
 
 def _tree_tool(args: argparse.Namespace) -> int:
@@ -345,8 +373,6 @@ def _train_draft(model: ModelOptions, options: TrainDraftOptions) -> int:
 
     from spectot.bench.progress import progress_bar
     from spectot.train.job import run_train_draft
-
-    import time
 
     console = Console(stderr=True)
     with progress_bar() as bar:

@@ -40,3 +40,33 @@ def read_field(path: str | Path, field: str, limit: int = 0) -> list[str]:
         if limit and len(values) == limit:
             break
     return values
+
+
+def resume_outputs(path: str | Path, prompts: list[str]) -> int:
+    """How many of ``prompts`` already have an output line in ``path`` (a JSONL file an earlier run of
+    the same job appended to, one object with a "prompt" field per prompt, in order).
+
+    A torn last line (the job was killed mid-write) is cut off so the rerun rewrites it; a line whose
+    prompt is not the prompt at its position means the file belongs to another job: DataError, and
+    nothing in the file is touched.
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    complete = lines[:-1]  # the last element is b"" after a final newline, else a torn line
+    for number, line in enumerate(complete, start=1):
+        try:
+            prompt = json.loads(line).get("prompt")
+        except (json.JSONDecodeError, AttributeError):
+            raise DataError(f"{path}:{number}: not an output line of this job; use another output file") from None
+        if number > len(prompts) or prompt != prompts[number - 1]:
+            raise DataError(
+                f"{path}:{number}: holds the output of another prompt than prompt {number} of this job; "
+                "use another output file (or the prompts that wrote it)"
+            )
+    if lines[-1]:
+        with path.open("r+b") as f:
+            f.truncate(len(raw) - len(lines[-1]))
+    return len(complete)
