@@ -1,7 +1,8 @@
 """Native kernels, compiled on first use with torch's extension builder and cached.
 
-``bf16_linear`` (``bf16_linear.cpp``): a batch-invariant bf16 matmul for x86 CPUs with AVX2 + FMA
-but no native bf16, where the library kernel's cost grows with every input row.
+``bf16_linear`` (``bf16_linear.cpp``): a batch-invariant bf16 matmul for x86 CPUs without AMX: AVX2 +
+FMA (where the library kernel's cost grows with every input row), built with AVX512-BF16 where the CPU
+has it (native bf16 pairs, no conversions).
 
 ``tree_attention`` (``tree_attention.cpp``): batch-invariant attention of query rows over CSR lists
 of KV-cache slots (bf16 or fp32, GQA): a row's output depends only on its query and the K/V rows at
@@ -36,24 +37,22 @@ def cpu_has(*flags: str) -> bool:
     return all(f in words for f in flags)
 
 
-def cpu_has_native_bf16() -> bool:
-    return cpu_has("avx512_bf16") or cpu_has("amx_bf16")
-
-
-def _build_avx2(source: str, fallback: str) -> Any | None:
-    """The extension module built from ``<source>.cpp`` (AVX2 + FMA, OpenMP), or None with a logged
-    warning naming ``fallback`` when this machine cannot build or run it."""
+def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False) -> Any | None:
+    """The extension module built from ``<source>.cpp`` (AVX2 + FMA, OpenMP; with ``avx512_bf16`` also
+    the AVX512-BF16 instructions, which the source then uses), or None with a logged warning naming
+    ``fallback`` when this machine cannot build or run it."""
     if platform.machine() not in ("x86_64", "AMD64") or not cpu_has("avx2", "fma"):
         return None
     from torch.utils.cpp_extension import load
 
     build = spectot_home() / "kernels" / torch.__version__.replace("+", "_")
     build.mkdir(parents=True, exist_ok=True)
+    isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
     try:
         return load(
-            name=f"spectot_{source}",
+            name=f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else ""),
             sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             verbose=False,
@@ -65,7 +64,7 @@ def _build_avx2(source: str, fallback: str) -> Any | None:
 
 @cache  # one build per process; the compiled module is immutable
 def bf16_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
-    module = _build_avx2("bf16_linear", "torch's bf16 matmul")
+    module = _build_avx2("bf16_linear", "torch's bf16 matmul", avx512_bf16=cpu_has("avx512_bf16"))
     return None if module is None else module.bf16_linear
 
 

@@ -1,4 +1,4 @@
-// Batch-invariant bf16 linear for CPUs without native bf16 (AVX2 + FMA).
+// Batch-invariant bf16 linear for x86 CPUs: AVX2 + FMA, or AVX512-BF16 where the build enables it.
 //
 // y[r, j] = sum_k x[r, k] * W[j, k] (+ b[j]), bf16 in, fp32 accumulate, bf16 out.
 //
@@ -9,6 +9,13 @@
 // the same order whatever the number of rows (8 lanes over k = lane mod 8, then a fixed horizontal
 // sum), so a row's result does not depend on the batch it is in: a tree forward reproduces the AR
 // step bit for bit.
+//
+// Built with -mavx512bf16 (CPUs with AVX512-BF16 but no AMX, e.g. AMD Zen 4/5), the tiles multiply bf16
+// pairs natively (vdpbf16ps: 16 lanes over k = 2 * lane + {0, 1} of each 32-wide block), so neither
+// weights nor inputs are converted at all. One SmolLM2 forward on a 2-core Zen 5 (128-token context):
+// 1 / 2 / 4 / 8 / 16 rows 10.8 / 12.0 / 14.8 / 19.7 / 32.9 ms with the AVX2 tiles, 9.1 / 10.6 / 12.9 /
+// 19.0 / 24.0 ms with these (torch's oneDNN kernel: 15.8 / 15.5 / 16.3 / 17.8 / 21.6 ms). The order is
+// again fixed per output element, whatever the tile shape.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -78,6 +85,70 @@ inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const
     }
 }
 
+#ifdef __AVX512BF16__
+// The AVX512-BF16 micro-tile: x and w stay bf16; lane i of an accumulator sums x[k] w[k] over
+// k = 32 m + 2 i + {0, 1} (vdpbf16ps, round to nearest even), then a fixed reduction, then the tail.
+template <int JB, int RB>
+inline __attribute__((always_inline)) void tile_bf16(const uint16_t* x, int64_t K, const uint16_t* w, float* out,
+                                                     int64_t out_stride) {
+  const int64_t K32 = K - K % 32;
+  __m512 acc[JB][RB];
+#pragma GCC unroll 8
+  for (int c = 0; c < JB; ++c)
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) acc[c][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K32; k += 32) {
+    __m512bh wv[JB];
+#pragma GCC unroll 8
+    for (int c = 0; c < JB; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < JB; ++c) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], xv, wv[c]);
+    }
+  }
+  for (int c = 0; c < JB; ++c)
+    for (int r = 0; r < RB; ++r) {
+      // fixed order: 512 -> 256 -> 128 bits, then pairwise (the AVX2 kernel's hsum)
+      const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(acc[c][r]),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c][r]), 1)));
+      float sum = hsum(half);
+      for (int64_t k = K32; k < K; ++k) sum += bf16_to_float(x[r * K + k]) * bf16_to_float(w[c * K + k]);
+      out[r * out_stride + c] = sum;
+    }
+}
+
+// Output columns [0, cols) for one block of RB rows, JB columns at a time, then the leftover columns.
+template <int JB, int RB>
+inline void columns_bf16(const uint16_t* x, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
+  int64_t c = 0;
+  for (; c + JB <= cols; c += JB) tile_bf16<JB, RB>(x, K, w + c * K, out + c, ld);
+  for (; c < cols; ++c) tile_bf16<1, RB>(x, K, w + c * K, out + c, ld);
+}
+
+// As gemm_any, on bf16 inputs: blocks of up to 8 rows, each with enough columns per tile that 12-16
+// independent accumulators hide the vdpbf16ps latency (JB x RB: 8x1, 8x2, 4x3, 4x4, 3x5, 3x6, 2x7, 2x8;
+// at most 25 of the 32 vector registers). Each element's order does not depend on the tile shape.
+void gemm_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out,
+               int64_t ld) {
+  for (int64_t r = 0; r < rows; r += 8) {
+    const uint16_t* xb = x + r * K;
+    float* ob = out + r * ld;
+    switch (std::min<int64_t>(8, rows - r)) {
+      case 1: columns_bf16<8, 1>(xb, K, w, cols, ob, ld); break;
+      case 2: columns_bf16<8, 2>(xb, K, w, cols, ob, ld); break;
+      case 3: columns_bf16<4, 3>(xb, K, w, cols, ob, ld); break;
+      case 4: columns_bf16<4, 4>(xb, K, w, cols, ob, ld); break;
+      case 5: columns_bf16<3, 5>(xb, K, w, cols, ob, ld); break;
+      case 6: columns_bf16<3, 6>(xb, K, w, cols, ob, ld); break;
+      case 7: columns_bf16<2, 7>(xb, K, w, cols, ob, ld); break;
+      default: columns_bf16<2, 8>(xb, K, w, cols, ob, ld); break;
+    }
+  }
+}
+#endif
+
 // JB output columns for one block of rb <= 8 rows.
 template <int JB>
 inline void block(const float* x, int64_t rb, int64_t K, const uint16_t* w, float* out, int64_t ld) {
@@ -122,10 +193,15 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
   TORCH_CHECK(x.size(-1) == K, "x last dim must equal in_features");
   auto out_shape = x.sizes().vec();
   out_shape.back() = N;
+#ifdef __AVX512BF16__
+  auto x2 = x.reshape({-1, K}).contiguous();  // (rows, K) bf16, multiplied as it is
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>());
+#else
   auto x2 = x.reshape({-1, K}).to(torch::kFloat32).contiguous();  // (rows, K) fp32: exact upcast
+  const float* xp = x2.data_ptr<float>();
+#endif
   const int64_t rows = x2.size(0);
   auto y = torch::empty({rows, N}, x.options());
-  const float* xp = x2.data_ptr<float>();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   std::vector<float> bias_f;
@@ -140,7 +216,11 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
     std::vector<float> acc(rows * CHUNK);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t j0 = t * CHUNK, width = std::min<int64_t>(CHUNK, N - j0);
+#ifdef __AVX512BF16__
+      gemm_bf16(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
+#else
       gemm_any(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
+#endif
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < width; ++c) {
           const float b = bias_f.empty() ? 0.f : bias_f[j0 + c];
@@ -151,4 +231,4 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
   return y.view(out_shape);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("bf16_linear", &bf16_linear, "batch-invariant bf16 linear (AVX2)"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("bf16_linear", &bf16_linear, "batch-invariant bf16 linear (AVX2 or AVX512-BF16)"); }
