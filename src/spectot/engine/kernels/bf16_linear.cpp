@@ -26,11 +26,6 @@
 
 namespace {
 
-inline __m256 load_bf16x8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 inline float hsum(__m256 v) {  // fixed order: (lo + hi), then pairwise
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -53,39 +48,10 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
-// One micro-tile: out[r][c] = dot(x[r, :], w[c, :]) for JB weight rows (output columns) and RB
-// input rows, JB*RB accumulators in registers. Each output element is accumulated in the same order
-// (8 lanes over the multiple-of-8 part of k, fixed horizontal sum, then the tail in order) whatever
-// the tile shape, so tiling never changes a result.
-template <int JB, int RB>
-inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const uint16_t* w, float* out,
-                                                int64_t out_stride) {
-  const int64_t K8 = K - K % 8;
-  __m256 acc[JB][RB];
-#pragma GCC unroll 8
-  for (int c = 0; c < JB; ++c)
-#pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) acc[c][r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K8; k += 8) {
-    __m256 wv[JB];
-#pragma GCC unroll 8
-    for (int c = 0; c < JB; ++c) wv[c] = load_bf16x8(w + c * K + k);
-#pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
-#pragma GCC unroll 8
-      for (int c = 0; c < JB; ++c) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
-    }
-  }
-  for (int c = 0; c < JB; ++c)
-    for (int r = 0; r < RB; ++r) {
-      float sum = hsum(acc[c][r]);
-      for (int64_t k = K8; k < K; ++k) sum += x[r * K + k] * bf16_to_float(w[c * K + k]);
-      out[r * out_stride + c] = sum;
-    }
-}
-
 #ifdef __AVX512BF16__
+using Input = uint16_t;  // x as bf16 bits, multiplied as it is
+torch::Tensor as_input(const torch::Tensor& x) { return x.contiguous(); }
+
 // The AVX512-BF16 micro-tile: x and w stay bf16; lane i of an accumulator sums x[k] w[k] over
 // k = 32 m + 2 i + {0, 1} (vdpbf16ps, round to nearest even), then a fixed reduction, then the tail.
 template <int JB, int RB>
@@ -127,11 +93,10 @@ inline void columns_bf16(const uint16_t* x, int64_t K, const uint16_t* w, int64_
   for (; c < cols; ++c) tile_bf16<1, RB>(x, K, w + c * K, out + c, ld);
 }
 
-// As gemm_any, on bf16 inputs: blocks of up to 8 rows, each with enough columns per tile that 12-16
-// independent accumulators hide the vdpbf16ps latency (JB x RB: 8x1, 8x2, 4x3, 4x4, 3x5, 3x6, 2x7, 2x8;
-// at most 25 of the 32 vector registers). Each element's order does not depend on the tile shape.
-void gemm_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out,
-               int64_t ld) {
+// Output columns [0, cols) for all rows: blocks of up to 8 rows, each with enough columns per tile that
+// 12-16 independent accumulators hide the vdpbf16ps latency (JB x RB: 8x1, 8x2, 4x3, 4x4, 3x5, 3x6, 2x7,
+// 2x8; at most 25 of the 32 vector registers). Each element's order does not depend on the tile shape.
+void gemm(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
   for (int64_t r = 0; r < rows; r += 8) {
     const uint16_t* xb = x + r * K;
     float* ob = out + r * ld;
@@ -147,7 +112,46 @@ void gemm_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* w, in
     }
   }
 }
-#endif
+#else
+using Input = float;  // x upcast to fp32 (exact)
+torch::Tensor as_input(const torch::Tensor& x) { return x.to(torch::kFloat32).contiguous(); }
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// One micro-tile: out[r][c] = dot(x[r, :], w[c, :]) for JB weight rows (output columns) and RB
+// input rows, JB*RB accumulators in registers. Each output element is accumulated in the same order
+// (8 lanes over the multiple-of-8 part of k, fixed horizontal sum, then the tail in order) whatever
+// the tile shape, so tiling never changes a result.
+template <int JB, int RB>
+inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const uint16_t* w, float* out,
+                                                int64_t out_stride) {
+  const int64_t K8 = K - K % 8;
+  __m256 acc[JB][RB];
+#pragma GCC unroll 8
+  for (int c = 0; c < JB; ++c)
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) acc[c][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[JB];
+#pragma GCC unroll 8
+    for (int c = 0; c < JB; ++c) wv[c] = load_bf16x8(w + c * K + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < JB; ++c) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
+    }
+  }
+  for (int c = 0; c < JB; ++c)
+    for (int r = 0; r < RB; ++r) {
+      float sum = hsum(acc[c][r]);
+      for (int64_t k = K8; k < K; ++k) sum += x[r * K + k] * bf16_to_float(w[c * K + k]);
+      out[r * out_stride + c] = sum;
+    }
+}
 
 // JB output columns for one block of rb <= 8 rows.
 template <int JB>
@@ -171,7 +175,7 @@ inline void block(const float* x, int64_t rb, int64_t K, const uint16_t* w, floa
 // weights stream from L2 (rows outer: measured 62 -> 49 ms of linears per 16-row forward of
 // SmolLM2; columns outer re-read every row from L2 once more than 8 rows were in flight). Every
 // element is accumulated in the same order whatever the blocking.
-void gemm_any(const float* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
+void gemm(const float* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
   if (rows == 1) {
     int64_t c = 0;
     for (; c + 8 <= cols; c += 8) tile<8, 1>(x, K, w + c * K, out + c, ld);
@@ -183,6 +187,7 @@ void gemm_any(const float* x, int64_t rows, int64_t K, const uint16_t* w, int64_
     for (int64_t c = 0; c < cols; ++c) block<1>(x + r * K, rb, K, w + c * K, out + r * ld + c, ld);
   }
 }
+#endif
 
 }  // namespace
 
@@ -193,13 +198,8 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
   TORCH_CHECK(x.size(-1) == K, "x last dim must equal in_features");
   auto out_shape = x.sizes().vec();
   out_shape.back() = N;
-#ifdef __AVX512BF16__
-  auto x2 = x.reshape({-1, K}).contiguous();  // (rows, K) bf16, multiplied as it is
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>());
-#else
-  auto x2 = x.reshape({-1, K}).to(torch::kFloat32).contiguous();  // (rows, K) fp32: exact upcast
-  const float* xp = x2.data_ptr<float>();
-#endif
+  auto x2 = as_input(x.reshape({-1, K}));  // (rows, K)
+  const Input* xp = static_cast<const Input*>(x2.data_ptr());
   const int64_t rows = x2.size(0);
   auto y = torch::empty({rows, N}, x.options());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
@@ -216,11 +216,7 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor weight, c10::optional<t
     std::vector<float> acc(rows * CHUNK);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t j0 = t * CHUNK, width = std::min<int64_t>(CHUNK, N - j0);
-#ifdef __AVX512BF16__
-      gemm_bf16(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
-#else
-      gemm_any(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
-#endif
+      gemm(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < width; ++c) {
           const float b = bias_f.empty() ? 0.f : bias_f[j0 + c];
