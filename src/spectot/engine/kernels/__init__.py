@@ -8,7 +8,7 @@ has it (native bf16 pairs, no conversions).
 of KV-cache slots (bf16 or fp32, GQA): a row's output depends only on its query and the K/V rows at
 its columns, in order, so a tree forward reproduces the AR step bit for bit without float64.
 
-Builds land in ``$SPECTOT_HOME/kernels/<torch version>``; when a build is impossible (another CPU,
+Builds land in ``$SPECTOT_HOME/kernels/<torch version>/<module>``; when a build is impossible (another CPU,
 no compiler or ninja) the loaders return None and callers fall back to torch.
 """
 
@@ -45,12 +45,13 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False) -> Any | 
         return None
     from torch.utils.cpp_extension import load
 
-    build = spectot_home() / "kernels" / torch.__version__.replace("+", "_")
+    name = f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else "")
+    build = spectot_home() / "kernels" / torch.__version__.replace("+", "_") / name  # one folder per build
     build.mkdir(parents=True, exist_ok=True)
     isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
     try:
         return load(
-            name=f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else ""),
+            name=name,
             sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
             extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa],
             extra_ldflags=["-fopenmp"],

@@ -41,6 +41,18 @@ inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Weights stream from DRAM once per forward (SmolLM2's 270 MB do not fit in cache), and the hardware
+// prefetcher alone keeps too few lines in flight once several input rows make each line cost more
+// FMAs: without this, the linears of an 8-row forward took 11.0 ms against 5.3 ms for 1 row on a
+// 2-core Zen 5; fetching every weight line 8 KB ahead of its use (past 4 KB page boundaries, which
+// the hardware prefetcher does not cross) makes them 4.4 ms at 1 row and 4.6 ms at 8. A prefetch
+// never faults, so running past the end of the weights is harmless. (GCC 12 drops an _mm_prefetch
+// wrapped in a helper like this one; the builtin it expands to stays.)
+constexpr int64_t PREFETCH_BYTES = 8192;
+inline void prefetch_ahead(const uint16_t* p) {
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + PREFETCH_BYTES, 0 /* read */, 3 /* all levels: T0 */);
+}
+
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
@@ -66,7 +78,10 @@ inline __attribute__((always_inline)) void tile_bf16(const uint16_t* x, int64_t 
   for (int64_t k = 0; k < K32; k += 32) {
     __m512bh wv[JB];
 #pragma GCC unroll 8
-    for (int c = 0; c < JB; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
+    for (int c = 0; c < JB; ++c) {
+      wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
+      prefetch_ahead(w + c * K + k);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
@@ -138,6 +153,8 @@ inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const
     __m256 wv[JB];
 #pragma GCC unroll 8
     for (int c = 0; c < JB; ++c) wv[c] = load_bf16x8(w + c * K + k);
+    if ((k & 31) == 0)  // one prefetch per 64-byte line
+      for (int c = 0; c < JB; ++c) prefetch_ahead(w + c * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
       const __m256 xv = _mm256_loadu_ps(x + r * K + k);
