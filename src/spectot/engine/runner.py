@@ -252,9 +252,12 @@ class ModelRunner:
         kernels: LinearKernel = "auto",
         exact_attention: bool = True,
     ) -> None:
-        """``exact_attention=False`` uses torch's fused SDPA: faster, but a row's result then depends
-        on the batch layout. Targets need exactness (their rows must equal AR steps); a draft does not
-        (verification is exact for whatever q the draft reports), so draft runners use the fast path."""
+        """Attention runs in spectot's native kernel where it builds (exact by construction, and the
+        fastest: a 3-row draft forward of the one-layer EDD takes 0.41 ms with it against 0.62 ms with
+        torch's fused SDPA on a 2-core Zen 5). Without it, ``exact_attention`` picks the batched
+        float64 path (targets: their rows must equal AR steps) or, with False, torch's fused SDPA,
+        whose result for a row depends on the batch layout -- fine for a draft, since verification is
+        exact for whatever q the draft reports."""
         config = model.config
         limit = check_architecture(config)
         self.model = model
@@ -284,7 +287,7 @@ class ModelRunner:
         self._linear = pick_linear(self.dtype, self.device, kernels)
         self._attend = batch_invariant_attention if exact_attention else fused_attention
         self._attention_dtype = torch.float64 if exact_attention else self.dtype
-        self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim) if exact_attention else None
+        self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim)
 
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
