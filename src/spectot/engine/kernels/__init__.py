@@ -8,6 +8,9 @@ has it (native bf16 pairs, no conversions).
 of KV-cache slots (bf16 or fp32, GQA): a row's output depends only on its query and the K/V rows at
 its columns, in order, so a tree forward reproduces the AR step bit for bit without float64.
 
+``decoder_ops`` (``decoder_ops.cpp``): a Llama-family layer's small bf16 ops (RMSNorm, rotary + KV
+write, SwiGLU gate) as one call each, row-wise in a fixed order.
+
 Builds land in ``$SPECTOT_HOME/kernels/<torch version>/<module>``; when a build is impossible (another CPU,
 no compiler or ninja) the loaders return None and callers fall back to torch.
 """
@@ -81,3 +84,10 @@ def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torc
     """
     module = _build_avx2("tree_attention", "torch attention")
     return None if module is None else module.tree_attention
+
+
+@cache  # one build per process; the compiled module is immutable
+def decoder_ops() -> Any | None:
+    """The module with ``rms_norm(x, weight, eps)``, ``rope_store(qkv, cos, sin, new_kv, Hq, Hkv) -> q``
+    and ``silu_mul(gate_up)`` (see ``decoder_ops.cpp``), or None where it cannot be built."""
+    return _build_avx2("decoder_ops", "torch's ops")

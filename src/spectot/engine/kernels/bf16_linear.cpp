@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
 
 inline float hsum(__m256 v) {  // fixed order: (lo + hi), then pairwise
@@ -31,14 +33,6 @@ inline float hsum(__m256 v) {  // fixed order: (lo + hi), then pairwise
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
-}
-
-inline uint16_t to_bf16(float f) {  // round to nearest even, as torch does
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 // Weights stream from DRAM once per forward (SmolLM2's 270 MB do not fit in cache), and the hardware
@@ -53,12 +47,8 @@ inline void prefetch_ahead(const uint16_t* p) {
   __builtin_prefetch(reinterpret_cast<const char*>(p) + PREFETCH_BYTES, 0 /* read */, 3 /* all levels: T0 */);
 }
 
-inline float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using spectot::bf16_to_float;
+using spectot::to_bf16;
 
 #ifdef __AVX512BF16__
 using Input = uint16_t;  // x as bf16 bits, multiplied as it is
@@ -131,10 +121,7 @@ void gemm(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* w, int64_t
 using Input = float;  // x upcast to fp32 (exact)
 torch::Tensor as_input(const torch::Tensor& x) { return x.to(torch::kFloat32).contiguous(); }
 
-inline __m256 load_bf16x8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
+using spectot::load_bf16x8;
 
 // One micro-tile: out[r][c] = dot(x[r, :], w[c, :]) for JB weight rows (output columns) and RB
 // input rows, JB*RB accumulators in registers. Each output element is accumulated in the same order

@@ -24,25 +24,18 @@
 #include <cstring>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
 
-// load8 / to_float as bf16_linear.cpp's load_bf16x8 / bf16_to_float (that file's helpers are private).
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
-inline __m256 load8(const uint16_t* p) {  // 8 bf16 -> 8 fp32, exact
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
+inline __m256 load8(const uint16_t* p) { return spectot::load_bf16x8(p); }
 
 inline float to_float(float f) { return f; }
 
-inline float to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float to_float(uint16_t h) { return spectot::bf16_to_float(h); }
 
 // The fixed horizontal sum of one accumulator a: s_i = a_i + a_{i+4}, then (s0 + s1) + (s2 + s3);
 // paired as _mm_hadd_ps pairs, so that hsum4 reduces four accumulators in exactly this order.
@@ -60,28 +53,7 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_hadd_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
 }
 
-// exp(x) per lane: x = n ln2 + r (n = round(x / ln2), ln2 in two parts, |r| <= ln2 / 2),
-// exp(r) = 1 + r + r^2 (1/2 + r/6 + ...) (Cephes' degree-5 fit, ~1 ulp), times 2^n by exponent
-// arithmetic (x <= 88); 0 below -87.3 (2^n would underflow), so exp(-inf) = 0; NaN stays NaN.
-// Lane-wise, so an element's result does not depend on its neighbours.
-inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
-  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));  // x second: a NaN passes through
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
-}
+using spectot::exp8;
 
 // One inputs view; kv is slot-major (capacity, 2, H_kv, D): keys at [slot, 0], values at [slot, 1].
 template <typename T>

@@ -1,0 +1,164 @@
+// The small per-layer ops of a Llama-family decoder layer in bf16, one call each instead of 5-15 torch
+// ops: RMSNorm, rotary embedding of q and k with the KV-cache write, and the SwiGLU gate.
+//
+// Why: at one row a SmolLM2 forward spent ~3.2 of its ~9 ms dispatching these ops (about 50 tiny
+// torch calls per layer over 30 layers), more than its attention. Each op here works row by row in a
+// fixed order, so a row's result does not depend on the other rows (the runner's tree forward still
+// reproduces the AR step bit for bit). Elementwise bf16 arithmetic rounds exactly as torch's does
+// (every product or sum of bf16 values is computed in fp32 and rounded to bf16, as in
+// `(q * cos) + (rotate_half(q) * sin)`); the RMSNorm mean of squares and SiLU's exp are spectot's own
+// fixed-order fp32, so they may differ from torch's by an fp32 ulp before rounding. Loops run 8 lanes
+// at a time over whole blocks of 8 and finish the tail with the same arithmetic in scalar code (exp
+// excepted: the tail uses std::exp), so an element's result depends only on its row and position.
+#include <torch/extension.h>
+#include <cmath>
+#include <cstdint>
+
+#include "vec.h"
+
+namespace {
+
+using spectot::bf16_to_float;
+using spectot::exp8;
+using spectot::load_bf16x8;
+using spectot::store_bf16x8;
+using spectot::through_bf16x8;
+using spectot::to_bf16;
+
+inline float r(float f) { return bf16_to_float(to_bf16(f)); }  // round through bf16
+
+const uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+uint16_t* bits_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void check_bf16(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.device().is_cpu(), name,
+              " must be a contiguous bf16 CPU tensor");
+}
+
+}  // namespace
+
+// y = w * bf16(x * rsqrt(mean(x^2) + eps)) over the last dimension (HF's LlamaRMSNorm).
+// The mean: 8 fp32 partial sums over h mod 8 (FMA chains), added in a fixed order, then the tail.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_bf16(x, "x");
+  check_bf16(weight, "weight");
+  const int64_t H = weight.numel();
+  TORCH_CHECK(x.size(-1) == H, "x's last dimension must equal the weight's size");
+  const int64_t rows = x.numel() / H, H8 = H - H % 8;
+  auto y = torch::empty_like(x);
+  const uint16_t* xp = bits(x);
+  const uint16_t* wp = bits(weight);
+  uint16_t* yp = bits_mut(y);
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint16_t* row = xp + n * H;
+    uint16_t* out = yp + n * H;
+    __m256 part = _mm256_setzero_ps();  // lane i sums x[h]^2 over h = i mod 8
+    for (int64_t h = 0; h < H8; h += 8) {
+      const __m256 v = load_bf16x8(row + h);
+      part = _mm256_fmadd_ps(v, v, part);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, part);
+    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (int64_t h = H8; h < H; ++h) sum = std::fma(bf16_to_float(row[h]), bf16_to_float(row[h]), sum);
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
+    const __m256 inv8 = _mm256_set1_ps(inv);
+    for (int64_t h = 0; h < H8; h += 8)
+      store_bf16x8(out + h, _mm256_mul_ps(load_bf16x8(wp + h), through_bf16x8(_mm256_mul_ps(load_bf16x8(row + h), inv8))));
+    for (int64_t h = H8; h < H; ++h) out[h] = to_bf16(bf16_to_float(wp[h]) * r(bf16_to_float(row[h]) * inv));
+  }
+  return y;
+}
+
+// Rotary embedding of one head vector (HF's rotate_half form): for d < D/2
+// out[d] = (x[d] cos[d]) + (-x[d + D/2] sin[d]), for d >= D/2 out[d] = (x[d] cos[d]) + (x[d - D/2] sin[d]),
+// each product and the sum rounded to bf16 as torch's bf16 ops round them.
+inline void rope_head(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, int64_t D, uint16_t* out) {
+  const int64_t half = D / 2;
+  int64_t d = 0;
+  if (half % 8 == 0)
+    for (; d < half; d += 8) {
+      const __m256 lo = load_bf16x8(x + d), hi = load_bf16x8(x + d + half);
+      const __m256 minus_hi = _mm256_xor_ps(hi, _mm256_set1_ps(-0.0f));  // torch's neg: -(+0) = -0
+      store_bf16x8(out + d, _mm256_add_ps(through_bf16x8(_mm256_mul_ps(lo, load_bf16x8(cos + d))),
+                                          through_bf16x8(_mm256_mul_ps(minus_hi, load_bf16x8(sin + d)))));
+      store_bf16x8(out + d + half, _mm256_add_ps(through_bf16x8(_mm256_mul_ps(hi, load_bf16x8(cos + d + half))),
+                                                 through_bf16x8(_mm256_mul_ps(lo, load_bf16x8(sin + d + half)))));
+    }
+  for (; d < half; ++d) {
+    const float lo = bf16_to_float(x[d]), hi = bf16_to_float(x[d + half]);
+    out[d] = to_bf16(r(lo * bf16_to_float(cos[d])) + r(-hi * bf16_to_float(sin[d])));
+    out[d + half] = to_bf16(r(hi * bf16_to_float(cos[d + half])) + r(lo * bf16_to_float(sin[d + half])));
+  }
+}
+
+// qkv (N, (Hq + 2 Hkv) D): the fused projection's output, q heads then k heads then v heads.
+// cos, sin (N, D): the rotary tables at each row's position. new_kv (N, 2, Hkv, D): the cache slots of
+// the new rows, written in place: [n, 0] = rotated k, [n, 1] = v. Returns the rotated q as (Hq, N, D),
+// the layout the attention kernel reads.
+torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor new_kv, int64_t Hq,
+                         int64_t Hkv) {
+  check_bf16(qkv, "qkv");
+  check_bf16(cos, "cos");
+  check_bf16(sin, "sin");
+  check_bf16(new_kv, "new_kv");
+  const int64_t N = qkv.size(0), D = cos.size(-1);
+  TORCH_CHECK(D % 2 == 0, "head_dim must be even");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (Hq + 2 * Hkv) * D, "qkv must be (N, (Hq + 2 Hkv) * head_dim)");
+  TORCH_CHECK(cos.numel() == N * D && sin.numel() == N * D, "cos and sin must be (N, head_dim)");
+  TORCH_CHECK(new_kv.numel() == N * 2 * Hkv * D, "new_kv must be (N, 2, Hkv, head_dim)");
+  auto q = torch::empty({Hq, N, D}, qkv.options());
+  const uint16_t* in = bits(qkv);
+  const uint16_t* cp = bits(cos);
+  const uint16_t* sp = bits(sin);
+  uint16_t* qp = bits_mut(q);
+  uint16_t* kvp = bits_mut(new_kv);
+  const int64_t width = (Hq + 2 * Hkv) * D;
+  for (int64_t n = 0; n < N; ++n) {
+    const uint16_t* row = in + n * width;
+    const uint16_t* c = cp + n * D;
+    const uint16_t* s = sp + n * D;
+    for (int64_t h = 0; h < Hq; ++h) rope_head(row + h * D, c, s, D, qp + (h * N + n) * D);
+    uint16_t* slot = kvp + n * 2 * Hkv * D;
+    for (int64_t h = 0; h < Hkv; ++h) rope_head(row + (Hq + h) * D, c, s, D, slot + h * D);
+    std::copy(row + (Hq + Hkv) * D, row + width, slot + Hkv * D);  // v as it is
+  }
+  return q;
+}
+
+// gate_up (..., 2I): gate then up (the fused projection). Returns bf16(silu(gate)) * up, rounded to bf16:
+// HF's `act_fn(gate_proj(x)) * up_proj(x)` with silu(g) = g / (1 + exp(-g)) in fp32 (exp: exp8).
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  check_bf16(gate_up, "gate_up");
+  const int64_t I2 = gate_up.size(-1);
+  TORCH_CHECK(I2 % 2 == 0, "gate_up's last dimension must be even (gate then up)");
+  const int64_t I = I2 / 2, rows = gate_up.numel() / I2;
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() = I;
+  auto out = torch::empty(sizes, gate_up.options());
+  const uint16_t* in = bits(gate_up);
+  uint16_t* op = bits_mut(out);
+  const int64_t I8 = I - I % 8;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint16_t* gate = in + n * I2;
+    const uint16_t* up = gate + I;
+    uint16_t* o = op + n * I;
+    for (int64_t i = 0; i < I8; i += 8) {
+      const __m256 g = load_bf16x8(gate + i);
+      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)))));
+      store_bf16x8(o + i, _mm256_mul_ps(through_bf16x8(silu), load_bf16x8(up + i)));
+    }
+    for (int64_t i = I8; i < I; ++i) {
+      const float g = bf16_to_float(gate[i]);
+      o[i] = to_bf16(r(g / (1.0f + std::exp(-g))) * bf16_to_float(up[i]));
+    }
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, bf16, row-wise fixed order");
+  m.def("rope_store", &rope_store, "rotary q and k, k and v into the cache slots, q as (Hq, N, D)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up projection, bf16");
+}
