@@ -37,9 +37,14 @@ done
 gen $WORK/self_gsm.jsonl --prompts $WORK/prompts_gsm.jsonl --batch-size 64 --max-new-tokens 256
 gen $WORK/self_gsm2.jsonl --prompts $WORK/prompts_gsm2.jsonl --batch-size 64 --max-new-tokens 256
 head -3000 $DATA/gsm8k/train.jsonl > $WORK/gsm8k_train_3000.jsonl
+#    And the Thought Generator's own text: one sampled (T = 1) path through the GSM8K task's step prompts for
+#    train questions 3,329-3,628 (what `spectot solve --task gsm8k` asks; the plain answers above never show
+#    the draft the "Step k: Question: ... Answer: ..." form).
+python scripts/tot_corpus.py --data $DATA/gsm8k/train.jsonl --offset 3328 --limit 300 --out $WORK/tot_gsm
 CORPUS=""
-for f in self_gsm self_gsm2 self_cw self_cw_t1_s1 self_cw_t1_s2 self_cw_t1_s3 gsm8k_train_3000; do
-  CORPUS="$CORPUS --corpus $WORK/$f.jsonl"
+for f in self_gsm self_gsm2 self_cw self_cw_t1_s1 self_cw_t1_s2 self_cw_t1_s3 gsm8k_train_3000 \
+  tot_gsm.step1 tot_gsm.step2 tot_gsm.step3 tot_gsm.step4; do
+  if [ -f $WORK/$f.jsonl ]; then CORPUS="$CORPUS --corpus $WORK/$f.jsonl"; fi
 done
 
 # 3. Features from the bf16 target (what the draft reads when serving; one folder per corpus file, shared by
