@@ -6,6 +6,8 @@ Everything runs on a tiny random fp32 llama target with a one-layer EDD draft.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import math
 
@@ -334,6 +336,16 @@ def test_resume_from_a_checkpoint_continues_bit_for_bit(target, records, tmp_pat
     final_b = torch.load(tmp_path / "resumed.pt", weights_only=False)["state"]["losses"]
     assert len(final_a) == total and final_a == final_b
     assert resumed_summary["final_loss"] == summary["final_loss"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_job(target, records, tmp_path) -> None:
+    settings = TrainSettings(block_min=2, block_max=6, lr=1e-3, batch_tokens=40, epochs=1, checkpoint_minutes=0)
+    train(fresh_draft(target), records, settings, tmp_path / "ckpt.pt", resume=False)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    for other_records, other_settings in ((records[:-1], settings), (records, replace(settings, lr=2e-3))):
+        with pytest.raises(ValueError, match="another training job"):
+            train(fresh_draft(target), other_records, other_settings, tmp_path / "ckpt.pt", resume=True)
+    assert (tmp_path / "ckpt.pt").read_bytes() == before  # nothing lost
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:

@@ -26,7 +26,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -246,8 +246,14 @@ def train(
     total_steps = max(1, math.ceil(settings.epochs * len(batches)))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, total_steps))
     state = {"step": 0, "losses": [], "tokens": 0, "seconds": 0.0}
+    job = _job_identity(records, settings)
     if resume and checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
+        if saved.get("job", job) != job:
+            raise ValueError(
+                f"{checkpoint} belongs to another training job (other corpus or settings): resume it with its own "
+                f"--corpus files and flags, or train into a new --out folder"
+            )
         draft.load_state_dict(saved["model"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
@@ -286,7 +292,7 @@ def train(
                 tokens_per_s=state["tokens"] / state["seconds"],
             )
         if time.monotonic() - last_save > 60 * settings.checkpoint_minutes or state["step"] == total_steps:
-            _save_checkpoint(checkpoint, draft, optimizer, schedule, state)
+            _save_checkpoint(checkpoint, draft, optimizer, schedule, state, job)
             last_save = time.monotonic()
     draft.eval()
     recent = state["losses"][-50:]
@@ -307,10 +313,19 @@ def learning_rate_factor(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _save_checkpoint(path: Path, draft: Any, optimizer: torch.optim.Optimizer, schedule: Any, state: dict) -> None:
+def _job_identity(records: Sequence[dict], settings: TrainSettings) -> dict:
+    """What a checkpoint must match to be resumed: the settings and the corpus (sequence count and lengths)."""
+    lengths = [r["tokens"].numel() for r in records]
+    return {"settings": asdict(settings), "sequences": len(lengths), "tokens": sum(lengths)}
+
+
+def _save_checkpoint(
+    path: Path, draft: Any, optimizer: torch.optim.Optimizer, schedule: Any, state: dict, job: dict
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     payload = {
+        "job": job,
         "model": draft.trainable_state(),
         "optimizer": optimizer.state_dict(),
         "schedule": schedule.state_dict(),
