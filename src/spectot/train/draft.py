@@ -314,9 +314,11 @@ def learning_rate_factor(step: int, total: int) -> float:
 
 
 def _job_identity(records: Sequence[dict], settings: TrainSettings) -> dict:
-    """What a checkpoint must match to be resumed: the settings and the corpus (sequence count and lengths)."""
+    """What a checkpoint must match to be resumed: the settings that shape training (not how often it
+    checkpoints) and the corpus (sequence count and tokens)."""
     lengths = [r["tokens"].numel() for r in records]
-    return {"settings": asdict(settings), "sequences": len(lengths), "tokens": sum(lengths)}
+    shaping = {k: v for k, v in asdict(settings).items() if k != "checkpoint_minutes"}
+    return {"settings": shaping, "sequences": len(lengths), "tokens": sum(lengths)}
 
 
 def _save_checkpoint(

@@ -28,7 +28,6 @@
 
 namespace {
 
-
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
 inline __m256 load8(const uint16_t* p) { return spectot::load_bf16x8(p); }
