@@ -77,7 +77,7 @@ def test_draft_alias_for_a_target_without_shipped_drafts_names_the_fix() -> None
     assert draft_decoder_folder("ngram", "smollm2-135m") is None
 
 
-ENGINES = ("ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched")
+ENGINES = ("ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched", "continuous-ar", "continuous-sd")
 
 
 def test_every_engine_builds_the_same_tot_tree_as_ar(pipeline) -> None:
@@ -101,7 +101,10 @@ def test_every_engine_builds_the_same_tot_tree_as_ar(pipeline) -> None:
             pipeline.encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), engine, method
         )
         policy = Policy(backend, seed=0, thought_temperature=0.0, eval_temperature=0.0)
-        results = [tot_bfs(task, p, policy, BfsConfig(breadth=1, thoughts=2)) for p in problems]
+        try:
+            results = [tot_bfs(task, p, policy, BfsConfig(breadth=1, thoughts=2)) for p in problems]
+        finally:
+            getattr(engine, "close", lambda: None)()
         trees[name] = [(r.answer, [[(n.state, n.value) for n in level] for level in r.levels]) for r in results]
         if method == "sd":
             assert backend.stats["TG"].accepted + backend.stats["SE"].accepted > 0

@@ -392,7 +392,18 @@ class BenchDraftsOptions:
 
 
 TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
-EngineName = Literal["ar", "sd", "mcsd", "batched-ar", "hf-batched-ar", "batched-sd", "seed", "seed-batched"]
+EngineName = Literal[
+    "ar",
+    "sd",
+    "mcsd",
+    "batched-ar",
+    "hf-batched-ar",
+    "batched-sd",
+    "seed",
+    "seed-batched",
+    "continuous-ar",
+    "continuous-sd",
+]
 SearchName = Literal["tot-bfs", "rebase", "ets", "rstar", "rest-mcts"]
 
 
@@ -444,7 +455,8 @@ class SolveOptions:
         **opt(
             "how a level's n generations run: ar / sd / mcsd serially, batched-ar / batched-sd all streams in one "
             "forward, hf-batched-ar (transformers generate() on the padded level), seed (SEED's rounds), "
-            "seed-batched (SEED + one forward for all queued trees)"
+            "seed-batched (SEED + one forward for all queued trees), continuous-ar / continuous-sd (the continuous "
+            "engine: each thought's evaluation starts as soon as the thought ends, beside the level's other streams)"
         ),
     )
     prompt_pool: str = field(default="", **opt("Blocksworld: RAP prompt pool json (empty = built-in demos)"))
@@ -565,7 +577,7 @@ class BenchTotOptions:
     prompt_pool: str = field(default="../shared/data/blocksworld/prompts/pool_prompt_v1.json", **opt("RAP pool"))
     problems: int = field(default=10, **opt("problems per task"))
     engines: str = field(
-        default="ar,sd,mcsd,batched-ar,hf-batched-ar,batched-sd,seed,seed-batched",
+        default="ar,sd,mcsd,batched-ar,hf-batched-ar,batched-sd,seed,seed-batched,continuous-ar,continuous-sd",
         **opt("comma-separated engines to compare"),
     )
     out: str = field(default="runs/bench_tot", **opt("output folder (JSON, Markdown, records for resuming)"))

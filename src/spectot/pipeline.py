@@ -232,6 +232,8 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     from dataclasses import replace
 
     from spectot.schedulers.batched import BatchedEngine
+    from spectot.schedulers.chained import ContinuousLevelEngine
+    from spectot.schedulers.continuous import ContinuousEngine
     from spectot.schedulers.seed import SeedEngine
     from spectot.schedulers.serial import SerialEngine
 
@@ -252,13 +254,19 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     if name in ("ar", "batched-ar"):
         engine = SerialEngine(decoder(None), "ar") if name == "ar" else BatchedEngine(decoder(None), "batched-ar")
         return engine, "ar"
+    if name == "continuous-ar":
+        return ContinuousLevelEngine(ContinuousEngine(decoder(None)), name), "ar"
     if draft.draft == "none":
         raise ValueError(f"engine '{name}' needs a draft: pass --draft ngram, edd, vdm or a draft model")
     auto = {"sd": "chain", "mcsd": "k_config", "seed": "k_config"}
     tree = draft.tree if draft.tree != "auto" else auto.get(name, "chain")
     proposer = make_proposer(replace(draft, tree=tree), pipe.target, model)
     budget = None
-    if name in ("batched-sd", "seed-batched") and draft.tree == "auto" and isinstance(proposer, DraftDecoderProposer):
+    if (
+        name in ("batched-sd", "seed-batched", "continuous-sd")
+        and draft.tree == "auto"
+        and isinstance(proposer, DraftDecoderProposer)
+    ):
         budget = tree_by_streams(draft_acceptance(draft, model.target), costs or measure_solve_costs(pipe, proposer))
     draft_length = None
     if budget is None and draft.adaptive_k and drafts_chains(proposer):  # each engine learns its own acceptance
@@ -270,6 +278,8 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     if name in ("seed", "seed-batched"):
         engine = SeedEngine(decoder(proposer, draft_length), name, batched=name == "seed-batched", budget=budget)
         return engine, "sd"
+    if name == "continuous-sd":
+        return ContinuousLevelEngine(ContinuousEngine(decoder(proposer, draft_length), budget=budget), name), "sd"
     raise ValueError(f"unknown engine '{name}'")
 
 

@@ -1,7 +1,9 @@
 """Every execution engine of a level returns what serial AR returns.
 
-- greedy, fp32 tiny targets: ar, sd, mcsd, batched-ar, batched-sd, seed and seed-batched give token
-  for token the same streams as serial ``ar`` (with an EDD draft, an n-gram draft and a tree draft);
+- greedy, fp32 tiny targets: ar, sd, mcsd, batched-ar, batched-sd, seed, seed-batched, continuous-ar and
+  continuous-sd give token for token the same streams as serial ``ar`` (with an EDD draft, an n-gram
+  draft and a tree draft);
+- a chained level (continuous engines) gives each stream's follow-up exactly as if run on its own;
 - sampled: batched-ar gives exactly the serial-ar samples (a stream's samples depend only on its seed), and
   so does every speculative engine with a deterministic (n-gram) draft: coupled verification;
 - shared prompts are run once (prefix sharing) and still decode exactly;
@@ -16,6 +18,8 @@ from spectot.engine.runner import ModelRunner
 from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
 from spectot.schedulers.base import Level
 from spectot.schedulers.batched import BatchedEngine
+from spectot.schedulers.chained import ContinuousLevelEngine
+from spectot.schedulers.continuous import ContinuousEngine
 from spectot.schedulers.seed import SeedEngine
 from spectot.schedulers.serial import SerialEngine
 from spectot.schedulers.timeline import Timeline
@@ -41,7 +45,7 @@ def edd(target) -> DraftDecoder:
 
 
 def engines(target):
-    """name -> engine, each with its own decoder over one shared fp32 target runner."""
+    """name -> (make engine, method), each engine with its own decoder over one shared fp32 target runner."""
     runner = ModelRunner(target)
     draft = edd(target)
 
@@ -54,19 +58,31 @@ def engines(target):
 
     tree = StaticPolicy(tuple(k_config_tree((2, 2, 1))))
     return {
-        "ar": (SerialEngine(decoder(None), "ar"), "ar"),
-        "sd": (SerialEngine(decoder("edd"), "sd"), "sd"),
-        "mcsd": (SerialEngine(decoder("edd", tree), "mcsd"), "sd"),
-        "batched-ar": (BatchedEngine(decoder(None)), "ar"),
-        "batched-sd": (BatchedEngine(decoder("ngram"), "batched-sd"), "sd"),
-        "seed": (SeedEngine(decoder("edd", tree)), "sd"),
+        "ar": (lambda: SerialEngine(decoder(None), "ar"), "ar"),
+        "sd": (lambda: SerialEngine(decoder("edd"), "sd"), "sd"),
+        "mcsd": (lambda: SerialEngine(decoder("edd", tree), "mcsd"), "sd"),
+        "batched-ar": (lambda: BatchedEngine(decoder(None)), "ar"),
+        "batched-sd": (lambda: BatchedEngine(decoder("ngram"), "batched-sd"), "sd"),
+        "seed": (lambda: SeedEngine(decoder("edd", tree)), "sd"),
         "seed-batched": (
-            SeedEngine(
+            lambda: SeedEngine(
                 decoder("edd"), "seed-batched", batched=True, budget=lambda b, sampling: tree if b < 4 else None
             ),
             "sd",
         ),
+        "continuous-ar": (lambda: ContinuousLevelEngine(ContinuousEngine(decoder(None))), "ar"),
+        "continuous-sd": (
+            lambda: ContinuousLevelEngine(
+                ContinuousEngine(decoder("edd"), budget=lambda b, sampling: tree if b < 4 else None), "continuous-sd"
+            ),
+            "sd",
+        ),
     }
+
+
+def make(target, name: str):
+    build, method = engines(target)[name]
+    return build(), method
 
 
 def level(method: str, sampling: SamplingParams | None = None) -> Level:
@@ -88,31 +104,65 @@ def reference(target):
     return [decoder.generate([p], DecodeConfig(max_new_tokens=MAX_NEW))[0].token_ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("name", ["ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched"])
+ALL = ["ar", "sd", "mcsd", "batched-ar", "batched-sd", "seed", "seed-batched", "continuous-ar", "continuous-sd"]
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_every_engine_matches_serial_greedy_ar(target, reference, name: str) -> None:
-    engine, method = engines(target)[name]
+    engine, method = make(target, name)
     timeline = Timeline()
-    results = engine.run(level(method), timeline)
+    try:
+        results = engine.run(level(method), timeline)
+    finally:
+        getattr(engine, "close", lambda: None)()
     assert [r.token_ids for r in results] == reference
+    if method == "sd":
+        assert sum(r.stats.accepted for r in results) > 0  # drafts were really verified
+    if name.startswith("continuous"):
+        return  # requests of one engine: no per-level timeline
     phases = {i.phase for i in timeline.intervals}
     assert "verify" in phases
     if method == "sd":
         assert "draft" in phases
-        assert sum(r.stats.accepted for r in results) > 0  # drafts were really verified
+
+
+@pytest.mark.parametrize("name", ["continuous-ar", "continuous-sd"])
+def test_a_chained_level_runs_each_follow_up_as_if_alone(target, reference, name: str) -> None:
+    """Stream i's follow-up (here: its prompt + its output + one token) is built from its result and
+    decodes exactly as that prompt decodes alone; every follow-up gets its own seed."""
+    engine, method = make(target, name)
+    then = DecodeConfig(max_new_tokens=6, method=method, num_draft_tokens=4)
+    seen = []
+
+    def follow(i: int, result) -> tuple[list[int], DecodeConfig, int]:
+        seen.append(i)
+        return list(result.prompt_ids) + list(result.token_ids) + [9], then, 500 + i
+
+    try:
+        run = engine.run_chained(level(method), follow)
+    finally:
+        engine.close()
+    assert [r.token_ids for r in run.first] == reference
+    assert sorted(seen) == list(range(len(PROMPTS)))
+    alone = Decoder(ModelRunner(target))
+    for i, r in enumerate(run.then):
+        prompt = PROMPTS[i] + reference[i] + [9]
+        assert r.prompt_ids == prompt
+        assert r.token_ids == alone.generate([prompt], DecodeConfig(max_new_tokens=6))[0].token_ids
+    assert 0 < run.first_seconds <= run.seconds and 0 < run.first_forwards < run.forwards
 
 
 def test_batched_sampling_reproduces_serial_samples(target) -> None:
     sampling = SamplingParams(do_sample=True, temperature=1.0)
-    built = engines(target)
-    serial = built["ar"][0].run(level("ar", sampling))
-    batched = built["batched-ar"][0].run(level("ar", sampling))
+    serial = make(target, "ar")[0].run(level("ar", sampling))
+    batched = make(target, "batched-ar")[0].run(level("ar", sampling))
     assert [r.token_ids for r in serial] == [r.token_ids for r in batched]
     # the three thoughts of one state share a prompt but not their samples
     assert len({tuple(r.token_ids) for r in serial[:3]}) > 1
 
 
 def test_seed_verifies_while_drafting_and_records_waits(target) -> None:
-    engine, _ = engines(target)["seed"]
+    engine, _ = make(target, "seed")
     timeline = Timeline()
     engine.run(level("sd"), timeline)
     verify = [i for i in timeline.intervals if i.phase == "verify"]
@@ -163,7 +213,7 @@ def test_acceptance_tables_are_read_by_temperature(tmp_path) -> None:
         acceptance_by_temperature(str(bad))
 
 
-@pytest.mark.parametrize("name", ["sd", "batched-sd", "seed", "seed-batched"])
+@pytest.mark.parametrize("name", ["sd", "batched-sd", "seed", "seed-batched", "continuous-sd"])
 @pytest.mark.parametrize("width", [1, 2])
 def test_sampled_engines_with_a_deterministic_draft_reproduce_serial_ar_samples(target, name: str, width: int) -> None:
     """Token j of a stream is drawn with that stream's noise for position j whatever covers it (an AR
@@ -177,5 +227,9 @@ def test_sampled_engines_with_a_deterministic_draft_reproduce_serial_ar_samples(
         "batched-sd": lambda: BatchedEngine(decoder, "batched-sd"),
         "seed": lambda: SeedEngine(decoder),
         "seed-batched": lambda: SeedEngine(decoder, "seed-batched", batched=True),
+        "continuous-sd": lambda: ContinuousLevelEngine(ContinuousEngine(decoder), "continuous-sd"),
     }[name]()
-    assert [r.token_ids for r in engine.run(level("sd", sampling))] == [r.token_ids for r in serial]
+    try:
+        assert [r.token_ids for r in engine.run(level("sd", sampling))] == [r.token_ids for r in serial]
+    finally:
+        getattr(engine, "close", lambda: None)()

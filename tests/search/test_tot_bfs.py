@@ -85,6 +85,32 @@ def test_breadth_two_expands_both_and_final_states_compete() -> None:
     assert backend.seen[4].requests[0].prompt == "G:7,4"
 
 
+class ChainingBackend(ScriptedBackend):
+    """Runs each G request's follow-up right after it, one at a time, as a chaining engine may."""
+
+    chains = True
+
+    def generate_chained(self, first: GenerationCall, then: GenerationCall, follow) -> tuple[list[str], list[str]]:
+        texts, judged = [], []
+        for i, (request, seed) in enumerate(zip(first.requests, first.seeds)):
+            [text] = self.generate(GenerationCall([request], first.temperature, [seed], "TG"))
+            [j] = self.generate(GenerationCall([follow(i, text)], then.temperature, [then.seeds[i]], "SE"))
+            texts.append(text)
+            judged.append(j)
+        return texts, judged
+
+
+def test_a_chaining_backend_builds_the_same_tree_with_the_same_seeds() -> None:
+    plain, chained = ScriptedBackend(SCRIPT), ChainingBackend(SCRIPT)
+    problem = Problem("p", "count", "")
+    want = tot_bfs(CountingTask(), problem, Policy(plain, seed=3), BfsConfig(breadth=2, thoughts=3))
+    got = tot_bfs(CountingTask(), problem, Policy(chained, seed=3), BfsConfig(breadth=2, thoughts=3))
+    assert got.kept == want.kept and got.answer == want.answer
+    # every request got the seed the unchained policy gave it
+    seeds = lambda backend: sorted((r.prompt, s) for c in backend.seen for r, s in zip(c.requests, c.seeds))  # noqa: E731
+    assert seeds(chained) == seeds(plain)
+
+
 def test_vote_evaluation_counts_votes() -> None:
     assert tally_votes([0, 2, None, 2], 3) == [1.0, 0.0, 2.0]
 

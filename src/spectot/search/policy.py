@@ -60,6 +60,9 @@ class Backend(Protocol):
     def generate(self, call: GenerationCall) -> list[str]: ...
 
 
+FollowRequest = Callable[[int, str], StepRequest]  # (request i, its text) -> the request that follows it
+
+
 def stream_seeds(seed: int, *labels: object, n: int) -> list[int]:
     """n seeds for one level, a pure function of the run's seed and the level's labels, so every
     engine draws each stream's samples from the same source."""
@@ -83,6 +86,23 @@ class Policy:
     def evaluate(self, requests: Sequence[StepRequest], *labels: object) -> list[str]:
         return self._call(requests, self.eval_temperature, "SE", labels)
 
+    def generate_then_evaluate(
+        self, requests: Sequence[StepRequest], evaluation: FollowRequest, *labels: object
+    ) -> tuple[list[str], list[str]]:
+        """G's texts and, for each, E's text on ``evaluation(i, text)``. A backend that ``chains`` them
+        (``generate_chained``) starts each evaluation as soon as its text is done; the seeds, and so
+        the texts, are those of ``generate`` then ``evaluate``."""
+        if not requests:
+            return [], []
+        if not getattr(self.backend, "chains", False):
+            texts = self.generate(requests, *labels)
+            return texts, self.evaluate([evaluation(i, t) for i, t in enumerate(texts)], *labels)
+        first = GenerationCall(
+            requests, self.thought_temperature, stream_seeds(self.seed, "TG", *labels, n=len(requests)), "TG"
+        )
+        then = GenerationCall((), self.eval_temperature, stream_seeds(self.seed, "SE", *labels, n=len(requests)), "SE")
+        return self.backend.generate_chained(first, then, evaluation)
+
     def _call(self, requests: Sequence[StepRequest], temperature: float, component: str, labels) -> list[str]:
         if not requests:
             return []
@@ -105,20 +125,54 @@ class LocalBackend:
     stats: dict[str, ComponentStats] = field(default_factory=dict)
     levels: int = 0
 
+    @property
+    def chains(self) -> bool:
+        """Whether the engine runs a request's follow-up as soon as the request ends (``generate_chained``)."""
+        return hasattr(self.engine, "run_chained")
+
+    def generate_chained(
+        self, first: GenerationCall, then: GenerationCall, follow: FollowRequest
+    ) -> tuple[list[str], list[str]]:
+        """``first``'s texts and, for each, the text of ``follow(i, text)`` sampled as ``then`` says
+        (``then`` brings the seeds), each follow-up started as soon as its text is done."""
+        from spectot.schedulers.base import Level
+
+        [(stop, max_new)] = {(r.stop, r.max_new_tokens) for r in first.requests}  # a search level shares them
+        config = self._config(first, stop, max_new)
+        level = Level([self.encode(r.prompt) for r in first.requests], config, first.seeds, self.levels, "TG")
+        self.levels += 1
+        texts: list[str] = [""] * len(first.requests)
+        asked: list[StepRequest | None] = [None] * len(first.requests)
+
+        def follow_up(i: int, result) -> tuple[list[int], DecodeConfig, int]:  # on this thread, as streams end
+            texts[i] = cut_at_stop(self.decode(result.token_ids), stop)
+            asked[i] = r = follow(i, texts[i])
+            return self.encode(r.prompt), self._config(then, r.stop, r.max_new_tokens), then.seeds[i]
+
+        run = self.engine.run_chained(level, follow_up)
+        self._count(first.component, run.first, run.first_seconds, run.first_forwards)
+        self._count(then.component, run.then, run.seconds - run.first_seconds, run.forwards - run.first_forwards)
+        self._record(first, run.first)
+        self._record(then, run.then)
+        return texts, [cut_at_stop(self.decode(res.token_ids), r.stop) for res, r in zip(run.then, asked)]
+
+    def _config(self, call: GenerationCall, stop: tuple[str, ...], max_new: int) -> DecodeConfig:
+        from spectot.spec.sampling import SamplingParams
+
+        sampling = SamplingParams(do_sample=call.temperature > 0, temperature=call.temperature or 1.0)
+        return DecodeConfig(max_new, sampling, self.method, self.num_draft_tokens, stop)
+
     def generate(self, call: GenerationCall) -> list[str]:
         from spectot.schedulers.base import Level
-        from spectot.spec.sampling import SamplingParams
 
         texts: list[str | None] = [None] * len(call.requests)
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(call.requests):
             groups.setdefault((r.stop, r.max_new_tokens), []).append(i)
-        sampling = SamplingParams(do_sample=call.temperature > 0, temperature=call.temperature or 1.0)
         for (stop, max_new), members in groups.items():
-            config = DecodeConfig(max_new, sampling, self.method, self.num_draft_tokens, stop)
             level = Level(
                 [self.encode(call.requests[i].prompt) for i in members],
-                config,
+                self._config(call, stop, max_new),
                 [call.seeds[i] for i in members],
                 self.levels,
                 call.component,
@@ -127,26 +181,31 @@ class LocalBackend:
             t = time.perf_counter()
             results = self.engine.run(level, self.timeline)
             seconds = time.perf_counter() - t
-            self._count(call.component, results, seconds)
-            for i, prompt_ids, res in zip(members, level.prompts, results):
+            self._count(call.component, results, seconds, results[0].stats.target_forwards if results else 0)
+            self._record(call, results)
+            for i, res in zip(members, results):
                 texts[i] = cut_at_stop(self.decode(res.token_ids), stop)
-                if self.record is not None:
-                    self.record(
-                        {
-                            "component": call.component,
-                            "temperature": call.temperature,
-                            "prompt_ids": list(prompt_ids),
-                            "token_ids": list(res.token_ids),
-                        }
-                    )
         return texts
 
-    def _count(self, component: str, results, seconds: float) -> None:
+    def _record(self, call: GenerationCall, results) -> None:
+        if self.record is None:
+            return
+        for res in results:
+            self.record(
+                {
+                    "component": call.component,
+                    "temperature": call.temperature,
+                    "prompt_ids": list(res.prompt_ids),
+                    "token_ids": list(res.token_ids),
+                }
+            )
+
+    def _count(self, component: str, results, seconds: float, forwards: int) -> None:
         c = self.stats.setdefault(component, ComponentStats())
         c.levels += 1
         c.streams += len(results)
         c.seconds += seconds
-        c.target_forwards += results[0].stats.target_forwards if results else 0
+        c.target_forwards += forwards
         for r in results:
             c.new_tokens += r.stats.new_tokens
             c.verify_steps += r.stats.verify_steps

@@ -93,8 +93,11 @@ def tot_bfs(task: Task, problem: Problem, policy: Policy, config: BfsConfig) -> 
         open_nodes = [n for n in frontier if not task.is_final(problem, n.state)]
         if not open_nodes:
             break
-        children = _expand(task, problem, policy, config, open_nodes, t)
-        _evaluate(task, problem, policy, config, children, t)
+        if config.generation == "sample" and config.evaluation == "value":
+            children = _expand_and_value(task, problem, policy, config, open_nodes, t)
+        else:
+            children = _expand(task, problem, policy, config, open_nodes, t)
+            _evaluate(task, problem, policy, config, children, t)
         levels.append(children)
         finished = [n for n in frontier if task.is_final(problem, n.state)]
         frontier = select_best(children + finished, config.breadth)
@@ -104,6 +107,26 @@ def tot_bfs(task: Task, problem: Problem, policy: Policy, config: BfsConfig) -> 
 
 
 # -- phases -----------------------------------------------------------------------------------
+def _expand_and_value(
+    task: Task, problem: Problem, policy: Policy, config: BfsConfig, nodes: list[Node], t: int
+) -> list[Node]:
+    """G then E for sampled thoughts valued one by one: each thought's evaluation needs only that
+    thought, so a chaining backend starts it as soon as the thought is done."""
+    parents = [n for n in nodes for _ in range(config.thoughts)]
+
+    def child(i: int, text: str) -> Node:
+        return Node(parents[i].state + (task.parse_thought(problem, parents[i].state, text),), raw=text)
+
+    requests = [task.thought(problem, p.state) for p in parents]
+    texts, judged = policy.generate_then_evaluate(
+        requests, lambda i, text: task.value(problem, child(i, text).state), problem.id, t
+    )
+    children = [child(i, text) for i, text in enumerate(texts)]
+    for c, text in zip(children, judged):
+        c.value, c.judgement = task.parse_value(text), [text]
+    return children
+
+
 def _expand(task: Task, problem: Problem, policy: Policy, config: BfsConfig, nodes: list[Node], t: int) -> list[Node]:
     if config.generation == "sample":
         requests = [task.thought(problem, n.state) for n in nodes for _ in range(config.thoughts)]
