@@ -35,3 +35,23 @@ def test_generations_of_an_async_search_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="--search tot-bfs"):
         run_tree_solve(SearchOptions(search="rebase"), TreeSearchOptions(), options, backend=None)
     assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_problems_in_flight_build_the_trees_each_gets_alone(tiny_checkpoint) -> None:
+    """Three problems searched at once on the continuous engine (sampled thoughts, their requests in
+    shared forwards) give record for record the trees serial ar builds one problem at a time."""
+    from spectot.pipeline import Pipeline
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    search = SearchOptions(depth=2, thoughts=2, breadth=2)
+    runs = {}
+    for engine, in_flight in (("ar", 1), ("continuous-ar", 3)):
+        options = SolveOptions(task="gsm8k", limit=3, engine=engine)
+        runs[engine] = run_solve(model, DraftOptions(draft="none"), search, options, pipe=pipe, in_flight=in_flight)
+    trees = {e: [(r["id"], r["levels"], r["answer"]) for r in run.records] for e, run in runs.items()}
+    assert trees["continuous-ar"] == trees["ar"]
+    for c in ("TG", "SE"):  # every generation counted once
+        assert runs["continuous-ar"].stats[c].new_tokens == runs["ar"].stats[c].new_tokens
+    with pytest.raises(ValueError, match="continuous engine"):
+        run_solve(model, DraftOptions(draft="none"), search, SolveOptions(engine="batched-ar"), pipe=pipe, in_flight=2)

@@ -480,7 +480,7 @@ class SolveOptions:
 
 @dataclass(frozen=True)
 class TreeSearchOptions:
-    """REBASE / ETS / rStar / REST-MCTS and SPEX (used when --search is not tot-bfs)."""
+    """REBASE / ETS / rStar / REST-MCTS and SPEX (used when --search is not tot-bfs, but for --queries-in-flight)."""
 
     budget: int = field(default=4, **opt("REBASE / ETS: width B per depth; MCTS: rollouts"))
     balance_temperature: float = field(default=0.2, **opt("T_b of REBASE's softmax over rewards"))
@@ -499,7 +499,13 @@ class TreeSearchOptions:
     early_stop: bool = field(default=False, **opt("stop a query once the weighted vote is settled (SPEX)"))
     min_answers: int = field(default=4, **opt("early stop: answers needed first (t)"))
     alpha: float = field(default=0.5, **opt("early stop: margin alpha in conf1 - conf2 > alpha avg(w2)"))
-    queries_in_flight: int = field(default=1, **opt("queries searched concurrently (their requests share forwards)"))
+    queries_in_flight: int = field(
+        default=1,
+        **opt(
+            "queries searched concurrently (their requests share forwards); tot-bfs: with a continuous engine "
+            "(continuous-ar, continuous-sd)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if min(self.budget, self.max_children, self.rest_children, self.queries_in_flight, self.min_answers) < 1:
@@ -580,4 +586,11 @@ class BenchTotOptions:
         default="ar,sd,mcsd,batched-ar,hf-batched-ar,batched-sd,seed,seed-batched,continuous-ar,continuous-sd",
         **opt("comma-separated engines to compare"),
     )
+    in_flight: int = field(
+        default=1, **opt("problems the continuous engines search at once (their wall time is shared; others: 1)")
+    )
     out: str = field(default="runs/bench_tot", **opt("output folder (JSON, Markdown, records for resuming)"))
+
+    def __post_init__(self) -> None:
+        if self.problems < 1 or self.in_flight < 1:
+            raise ValueError("--problems and --in-flight must be >= 1")

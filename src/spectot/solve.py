@@ -18,6 +18,7 @@ from pathlib import Path
 from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.search.policy import ComponentStats, LocalBackend, Policy
 from spectot.search.tot_bfs import BfsConfig, tot_bfs
+from spectot.tasks.base import Problem
 from spectot.tasks.registry import load_problems, make_task
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,16 @@ def run_solve(
     report: Callable[[int, int, dict], None] | None = None,
     pipe=None,
     engine=None,
+    in_flight: int = 1,
 ) -> SolveRun:
     """Solve ``options.limit`` problems; ``report(done, total, record)`` after each one. ``pipe``: a
     loaded Pipeline to reuse (benchmarks run several engines on one model); ``engine``: an
     ``(engine, method)`` pair from ``make_engine`` on that pipe to reuse (it keeps what it learned, such as
-    the adaptive draft length's acceptance estimate, as it does across one run's problems)."""
+    the adaptive draft length's acceptance estimate, as it does across one run's problems).
+    ``in_flight``: problems searched at once, each on its own thread, their requests sharing the forwards
+    of a continuous engine (> 1 needs one); every problem's tree is the one it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from spectot.pipeline import Pipeline, make_engine
     from spectot.schedulers.timeline import Timeline
 
@@ -85,7 +91,15 @@ def run_solve(
     if pipe is None:
         pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
     costs = json.loads(Path(options.profile).read_text()) if options.profile else None
+    owned = engine is None  # an engine made here is closed here (a continuous one holds a thread)
     engine, method = engine or make_engine(pipe, options.engine, draft, model, costs)
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+    if in_flight > 1 and not hasattr(engine, "run_chained"):
+        raise ValueError(
+            f"--queries-in-flight {in_flight} needs a continuous engine (continuous-ar, continuous-sd): "
+            f"'{options.engine}' runs one level at a time"
+        )
     timeline = Timeline() if options.trace else None
     backend = LocalBackend(
         pipe.encode,
@@ -99,8 +113,8 @@ def run_solve(
     policy = Policy(backend, search.seed, search.thought_temperature, search.eval_temperature)
     run = SolveRun(stats=backend.stats, timeline=timeline)
     write = _appender(options.json)
-    t0 = time.perf_counter()
-    for i, problem in enumerate(problems):
+
+    def solve(problem: Problem) -> dict:
         t = time.perf_counter()
         result = tot_bfs(task, problem, policy, bfs_config(search))
         record = {
@@ -111,11 +125,20 @@ def run_solve(
             "seconds": time.perf_counter() - t,
             "engine": options.engine,
         }
-        run.records.append(record)
-        if write is not None:
-            write(record)
-        if report is not None:
-            report(i + 1, len(problems), record)
+        return record
+
+    t0 = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="spectot-problem") as pool:
+            for i, record in enumerate(pool.map(solve, problems)):  # in problem order
+                run.records.append(record)
+                if write is not None:
+                    write(record)
+                if report is not None:
+                    report(i + 1, len(problems), record)
+    finally:
+        if owned:
+            getattr(engine, "close", lambda: None)()
     run.seconds = time.perf_counter() - t0
     if timeline is not None:
         timeline.save(options.trace)

@@ -107,7 +107,10 @@ def test_value_prompt_marks_the_latest_step() -> None:
     task, problem = Gsm8kTask(), Problem.make_dummy()
     request = task.value(problem, ("first step", "second step"))
     assert problem.question in request.prompt
-    assert "Step 1: first step" in request.prompt and "Latest step: second step" in request.prompt
+    assert "Step 1: first step\nStep 2: second step\n" in request.prompt and "Rate Step 2, the latest" in request.prompt
+    # a child's prompt extends its parent's up to the parent's last step: the prefix cache reuses that KV
+    parent = task.value(problem, ("first step",)).prompt
+    assert request.prompt.startswith(parent[: parent.index("first step") + len("first step\n")])
     assert "between 1 and 10" in request.prompt and request.stop == ("\n",) and request.max_new_tokens == 8
     with pytest.raises(ValueError, match="at least one step"):
         task.value(problem, ())

@@ -135,7 +135,7 @@ def test_prompts_hold_question_and_steps() -> None:
     assert "Step 1: We have $2^{10} = (2^5)^2$.\nStep 2: And $2^5 = 32$.\nStep 3: So $32^2 = 1024$.\n" in last.prompt
     assert "\\boxed{}" in last.prompt.splitlines()[-1]
     value = task.value(problem, state)
-    assert problem.question in value.prompt and "Latest step: So $32^2 = 1024$." in value.prompt
+    assert problem.question in value.prompt and "Step 3: So $32^2 = 1024$.\n\nRate Step 3" in value.prompt
     assert task.parse_value("9 out of 10") == 9.0 and task.parse_value("n/a") == 1.0
 
 

@@ -4,7 +4,9 @@ For each task (GSM8K depth 4, Creative Writing depth 2, Blocksworld depth 7) and
 runs the same problems with the same seeds on one loaded target; per engine: wall time, tokens,
 tokens per target step and acceptance rate of the Thought Generator (TG) and State Evaluator (SE),
 accuracy, whether the answers equal serial ``ar``'s, and the speedup over serial ``ar`` and over
-``batched-ar``. A problem is one record (appended as it finishes), so an interrupted run resumes.
+``batched-ar``. A problem is one record (appended as it finishes), so an interrupted run resumes. With
+``--in-flight N`` the continuous engines search N problems at once; such a unit's wall time is shared
+equally by its problems' records (their sum is the run's wall time).
 Greedy decoding makes every engine's tree identical to ``ar``'s; at temperature 1 (the default, as in
 the paper) ``ar`` and ``batched-ar`` still draw identical samples, speculative engines draw from the
 same distribution with other random numbers.
@@ -53,30 +55,39 @@ def run_bench_tot(
     made = {}  # one engine per (task, engine) across its problems, as `spectot solve --limit N` runs them
     with progress_bar() as bar:
         job = bar.add_task("bench tot", total=len(todo))
-        for task, engine, i in todo:
+        while todo:
+            task, engine, i = todo[0]
+            # a continuous engine searches `in_flight` problems at once: one timed unit, its wall time shared
+            width = opts.in_flight if engine.startswith("continuous") else 1
+            unit = [c for c in todo[:width] if c[:2] == (task, engine) and c[2] < i + width]
+            todo = todo[len(unit) :]
             solve = SolveOptions(
                 task=task,
                 data=getattr(opts, task) if task != "math500" else "",
-                limit=1,
+                limit=len(unit),
                 offset=i,
                 engine=engine,
                 prompt_pool=opts.prompt_pool if task == "blocksworld" else "",
                 profile=str(out / "profile.json") if costs else "",
             )
-            pipe.decoder.prefix_cache.clear()  # each (engine, problem) starts cold: the same prefill work for all
+            pipe.decoder.prefix_cache.clear()  # each timed unit starts cold: the same prefill work for all
             if (task, engine) not in made:
                 made = {(task, engine): make_engine(pipe, engine, draft_opts, model_opts, costs)}
-            run = run_solve(model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)])
-            [record] = run.records
-            value = {
-                "answer": record["answer"],
-                "best_state": record["best_state"],
-                "grade": record["grade"],
-                "seconds": run.seconds,
-                "components": {k: asdict(c) for k, c in run.stats.items()},
-            }
-            append_record(out / "records.jsonl", config_key, (task, engine, i), value, records)
-            bar.advance(job)
+            run = run_solve(
+                model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)], in_flight=width
+            )
+            for (_, _, n), record in zip(unit, run.records):
+                value = {
+                    "answer": record["answer"],
+                    "best_state": record["best_state"],
+                    "grade": record["grade"],
+                    "seconds": run.seconds / len(unit),
+                    "in_flight": width,
+                    # the unit's counters, once: summarise adds them up over the records
+                    "components": {name: asdict(c) for name, c in run.stats.items()} if n == i else {},
+                }
+                append_record(out / "records.jsonl", config_key, (task, engine, n), value, records)
+            bar.advance(job, len(unit))
     rows = [
         summarise(
             task,
@@ -118,6 +129,7 @@ def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None)
         "engine": engine,
         "problems": len(values),
         "seconds": sum(v["seconds"] for v in values),
+        "in_flight": max(v.get("in_flight", 1) for v in values),
         "accuracy": sum(v["grade"] for v in values) / len(values),
         "new_tokens": sum(c.new_tokens for c in comps.values()),
         "same_answers_as_ar": None
@@ -134,13 +146,13 @@ def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None)
 
 def markdown(rows: list[dict]) -> str:
     head = (
-        "| task | engine | problems | seconds | tok/s | speedup vs ar | speedup vs best batched-ar | TG tok/step | "
+        "| task | engine | in flight | problems | seconds | tok/s | speedup vs ar | speedup vs best batched-ar | TG tok/step | "
         "SE tok/step | TG accept | SE accept | TG s | SE s | accuracy | same tree as ar |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
-        f"| {r['task']} | {r['engine']} | {r['problems']} | {fmt(r['seconds'], 1)} | {fmt(r['tokens_per_second'], 1)} | "
+        f"| {r['task']} | {r['engine']} | {r['in_flight']} | {r['problems']} | {fmt(r['seconds'], 1)} | {fmt(r['tokens_per_second'], 1)} | "
         f"{fmt(r.get('speedup_vs_ar'))} | {fmt(r.get('speedup_vs_batched-ar'))} | {fmt(r.get('TG_tokens_per_step'))} | "
         f"{fmt(r.get('SE_tokens_per_step'))} | {fmt(r.get('TG_acceptance'))} | {fmt(r.get('SE_acceptance'))} | "
         f"{fmt(r.get('TG_seconds'), 1)} | {fmt(r.get('SE_seconds'), 1)} | {fmt(r['accuracy'])} | "

@@ -187,7 +187,9 @@ def _solve(args: argparse.Namespace) -> int:
                 f"answer {record['answer'][:60]!r}"
             )
 
-        run = run_solve(model, draft, search, options, report)
+        run = run_solve(
+            model, draft, search, options, report, in_flight=from_flags(args, TreeSearchOptions).queries_in_flight
+        )
     summary = run.summary()
     if options.trace:
         console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")

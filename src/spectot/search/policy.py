@@ -9,6 +9,7 @@ same two-method interface. Per-component counters (TG / SE) feed the solve summa
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -124,6 +125,8 @@ class LocalBackend:
     record: Callable[[dict], None] | None = None  # gets every generation's prompt and token ids
     stats: dict[str, ComponentStats] = field(default_factory=dict)
     levels: int = 0
+    # searches of several problems may share the backend from their own threads (``run_solve(in_flight=)``)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def chains(self) -> bool:
@@ -139,8 +142,7 @@ class LocalBackend:
 
         [(stop, max_new)] = {(r.stop, r.max_new_tokens) for r in first.requests}  # a search level shares them
         config = self._config(first, stop, max_new)
-        level = Level([self.encode(r.prompt) for r in first.requests], config, first.seeds, self.levels, "TG")
-        self.levels += 1
+        level = Level([self.encode(r.prompt) for r in first.requests], config, first.seeds, self._next_level(), "TG")
         texts: list[str] = [""] * len(first.requests)
         asked: list[StepRequest | None] = [None] * len(first.requests)
 
@@ -174,10 +176,9 @@ class LocalBackend:
                 [self.encode(call.requests[i].prompt) for i in members],
                 self._config(call, stop, max_new),
                 [call.seeds[i] for i in members],
-                self.levels,
+                self._next_level(),
                 call.component,
             )
-            self.levels += 1
             t = time.perf_counter()
             results = self.engine.run(level, self.timeline)
             seconds = time.perf_counter() - t
@@ -187,27 +188,34 @@ class LocalBackend:
                 texts[i] = cut_at_stop(self.decode(res.token_ids), stop)
         return texts
 
+    def _next_level(self) -> int:
+        with self._lock:
+            self.levels += 1
+            return self.levels - 1
+
     def _record(self, call: GenerationCall, results) -> None:
         if self.record is None:
             return
-        for res in results:
-            self.record(
-                {
-                    "component": call.component,
-                    "temperature": call.temperature,
-                    "prompt_ids": list(res.prompt_ids),
-                    "token_ids": list(res.token_ids),
-                }
-            )
+        with self._lock:
+            for res in results:
+                self.record(
+                    {
+                        "component": call.component,
+                        "temperature": call.temperature,
+                        "prompt_ids": list(res.prompt_ids),
+                        "token_ids": list(res.token_ids),
+                    }
+                )
 
     def _count(self, component: str, results, seconds: float, forwards: int) -> None:
-        c = self.stats.setdefault(component, ComponentStats())
-        c.levels += 1
-        c.streams += len(results)
-        c.seconds += seconds
-        c.target_forwards += forwards
-        for r in results:
-            c.new_tokens += r.stats.new_tokens
-            c.verify_steps += r.stats.verify_steps
-            c.proposed += r.stats.proposed
-            c.accepted += r.stats.accepted
+        with self._lock:
+            c = self.stats.setdefault(component, ComponentStats())
+            c.levels += 1
+            c.streams += len(results)
+            c.seconds += seconds
+            c.target_forwards += forwards
+            for r in results:
+                c.new_tokens += r.stats.new_tokens
+                c.verify_steps += r.stats.verify_steps
+                c.proposed += r.stats.proposed
+                c.accepted += r.stats.accepted

@@ -52,11 +52,13 @@ THOUGHT_PROMPT = (
 NEXT_STEP = 'Write Step {k} only, as "Step {k}: Question: ... Answer: ... The answer is N."'
 LAST_STEP = 'Write Step {k} only, as "Step {k}: {marker}: ... The answer is N."'
 
+# The steps come last but one and in the order they were written, so a state's prompt extends its
+# parent's (the prefix cache holds the parent's KV): only the new step and the closing line are prefilled.
 VALUE_PROMPT = (
     "Rate the latest step of a solution to a {kind} with a number between 1 and 10: "
     "10 if the step is correct and useful for solving the problem, 1 if it is wrong or useless.\n\n"
-    "Problem: {question}\n{previous}Latest step: {latest}\n\n"
-    "Reply with the number only.\nRating:"
+    "Problem: {question}\n{steps}\n"
+    "Rate Step {k}, the latest step. Reply with the number only.\nRating:"
 )
 
 # A number as written in text: "1,234.5", "-3", "$18", ".5". A minus is a sign only where it cannot be
@@ -165,10 +167,7 @@ def rating_request(question: str, state: State, kind: str = "math word problem")
     """The evaluator's prompt: rate the last step of ``state`` 1-10, given the problem and earlier steps."""
     if not state:
         raise ValueError("value() needs a state with at least one step; evaluate states after expanding them")
-    previous = render_steps(state[:-1])
-    prompt = VALUE_PROMPT.format(
-        kind=kind, question=question, previous=f"Previous steps:\n{previous}" if previous else "", latest=state[-1]
-    )
+    prompt = VALUE_PROMPT.format(kind=kind, question=question, steps=render_steps(state), k=len(state))
     return StepRequest(prompt, ("\n",), 8)
 
 
