@@ -11,6 +11,8 @@
 // at a time over whole blocks of 8 and finish the tail with the same arithmetic in scalar code (exp
 // excepted: the tail uses std::exp), so an element's result depends only on its row and position.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -29,6 +31,10 @@ inline float r(float f) { return bf16_to_float(to_bf16(f)); }  // round through 
 
 const uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
 uint16_t* bits_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// Rows per parallel task: each row is computed alone (its math never depends on the split), so
+// threads only decide who computes it; small batches (a decoding step) stay on one thread.
+inline int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
 
 void check_bf16(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.device().is_cpu(), name,
@@ -49,24 +55,27 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   const uint16_t* xp = bits(x);
   const uint16_t* wp = bits(weight);
   uint16_t* yp = bits_mut(y);
-  for (int64_t n = 0; n < rows; ++n) {
-    const uint16_t* row = xp + n * H;
-    uint16_t* out = yp + n * H;
-    __m256 part = _mm256_setzero_ps();  // lane i sums x[h]^2 over h = i mod 8
-    for (int64_t h = 0; h < H8; h += 8) {
-      const __m256 v = load_bf16x8(row + h);
-      part = _mm256_fmadd_ps(v, v, part);
+  at::parallel_for(0, rows, grain_rows(H), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint16_t* row = xp + n * H;
+      uint16_t* out = yp + n * H;
+      __m256 part = _mm256_setzero_ps();  // lane i sums x[h]^2 over h = i mod 8
+      for (int64_t h = 0; h < H8; h += 8) {
+        const __m256 v = load_bf16x8(row + h);
+        part = _mm256_fmadd_ps(v, v, part);
+      }
+      float lanes[8];
+      _mm256_storeu_ps(lanes, part);
+      float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+      for (int64_t h = H8; h < H; ++h) sum = std::fma(bf16_to_float(row[h]), bf16_to_float(row[h]), sum);
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
+      const __m256 inv8 = _mm256_set1_ps(inv);
+      for (int64_t h = 0; h < H8; h += 8)
+        store_bf16x8(out + h,
+                     _mm256_mul_ps(load_bf16x8(wp + h), through_bf16x8(_mm256_mul_ps(load_bf16x8(row + h), inv8))));
+      for (int64_t h = H8; h < H; ++h) out[h] = to_bf16(bf16_to_float(wp[h]) * r(bf16_to_float(row[h]) * inv));
     }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, part);
-    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (int64_t h = H8; h < H; ++h) sum = std::fma(bf16_to_float(row[h]), bf16_to_float(row[h]), sum);
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
-    const __m256 inv8 = _mm256_set1_ps(inv);
-    for (int64_t h = 0; h < H8; h += 8)
-      store_bf16x8(out + h, _mm256_mul_ps(load_bf16x8(wp + h), through_bf16x8(_mm256_mul_ps(load_bf16x8(row + h), inv8))));
-    for (int64_t h = H8; h < H; ++h) out[h] = to_bf16(bf16_to_float(wp[h]) * r(bf16_to_float(row[h]) * inv));
-  }
+  });
   return y;
 }
 
@@ -114,15 +123,17 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   uint16_t* qp = bits_mut(q);
   uint16_t* kvp = bits_mut(new_kv);
   const int64_t width = (Hq + 2 * Hkv) * D;
-  for (int64_t n = 0; n < N; ++n) {
-    const uint16_t* row = in + n * width;
-    const uint16_t* c = cp + n * D;
-    const uint16_t* s = sp + n * D;
-    for (int64_t h = 0; h < Hq; ++h) rope_head(row + h * D, c, s, D, qp + (h * N + n) * D);
-    uint16_t* slot = kvp + n * 2 * Hkv * D;
-    for (int64_t h = 0; h < Hkv; ++h) rope_head(row + (Hq + h) * D, c, s, D, slot + h * D);
-    std::copy(row + (Hq + Hkv) * D, row + width, slot + Hkv * D);  // v as it is
-  }
+  at::parallel_for(0, N, grain_rows(width), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint16_t* row = in + n * width;
+      const uint16_t* c = cp + n * D;
+      const uint16_t* s = sp + n * D;
+      for (int64_t h = 0; h < Hq; ++h) rope_head(row + h * D, c, s, D, qp + (h * N + n) * D);
+      uint16_t* slot = kvp + n * 2 * Hkv * D;
+      for (int64_t h = 0; h < Hkv; ++h) rope_head(row + (Hq + h) * D, c, s, D, slot + h * D);
+      std::copy(row + (Hq + Hkv) * D, row + width, slot + Hkv * D);  // v as it is
+    }
+  });
   return q;
 }
 
@@ -140,20 +151,22 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   uint16_t* op = bits_mut(out);
   const int64_t I8 = I - I % 8;
   const __m256 one = _mm256_set1_ps(1.0f);
-  for (int64_t n = 0; n < rows; ++n) {
-    const uint16_t* gate = in + n * I2;
-    const uint16_t* up = gate + I;
-    uint16_t* o = op + n * I;
-    for (int64_t i = 0; i < I8; i += 8) {
-      const __m256 g = load_bf16x8(gate + i);
-      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)))));
-      store_bf16x8(o + i, _mm256_mul_ps(through_bf16x8(silu), load_bf16x8(up + i)));
+  at::parallel_for(0, rows, grain_rows(I), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint16_t* gate = in + n * I2;
+      const uint16_t* up = gate + I;
+      uint16_t* o = op + n * I;
+      for (int64_t i = 0; i < I8; i += 8) {
+        const __m256 g = load_bf16x8(gate + i);
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)))));
+        store_bf16x8(o + i, _mm256_mul_ps(through_bf16x8(silu), load_bf16x8(up + i)));
+      }
+      for (int64_t i = I8; i < I; ++i) {
+        const float g = bf16_to_float(gate[i]);
+        o[i] = to_bf16(r(g / (1.0f + std::exp(-g))) * bf16_to_float(up[i]));
+      }
     }
-    for (int64_t i = I8; i < I; ++i) {
-      const float g = bf16_to_float(gate[i]);
-      o[i] = to_bf16(r(g / (1.0f + std::exp(-g))) * bf16_to_float(up[i]));
-    }
-  }
+  });
   return out;
 }
 
