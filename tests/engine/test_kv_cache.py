@@ -184,3 +184,41 @@ def test_long_stream_paths_grow() -> None:
     assert markers(cache, cache.slots(a)) == list(range(1, 101))
     b = cache.new_stream(fork_of=a)
     assert cache.slots(b).tolist() == list(range(100))
+
+
+def test_deep_frees_leave_holes_until_half_the_buffer_then_one_shift_removes_them(monkeypatch) -> None:
+    """A released stream far below the tail is not shifted over at once (that costs O(used) per
+    release); its slots become holes. Later tail removals, reservations and the half-full rule
+    compact them, and every live stream keeps reading its own keys and values throughout."""
+    import spectot.engine.kv_cache as kv
+
+    monkeypatch.setattr(kv, "SHIFT_SLOTS", 2)
+    cache = make_cache(capacity=32)
+    a, b, c = (cache.new_stream() for _ in range(3))
+    cache.hold(a, write(cache, 3, first_marker=1))  # slots 0-2
+    cache.hold(b, write(cache, 3, first_marker=4))  # slots 3-5
+    cache.hold(c, write(cache, 4, first_marker=7))  # slots 6-9
+    cache.release(a)  # 7 slots above it: holes
+    assert (cache.used, cache.holes) == (10, 3)
+    assert cache.hole[:10].tolist() == [True] * 3 + [False] * 7
+    assert markers(cache, cache.slots(b)) == [4, 5, 6] and markers(cache, cache.slots(c)) == [7, 8, 9, 10]
+
+    cache.release(b)  # 6 of 10 used slots are holes now: one shift
+    assert (cache.used, cache.holes) == (4, 0)
+    assert cache.slots(c).tolist() == [0, 1, 2, 3] and markers(cache, cache.slots(c)) == [7, 8, 9, 10]
+
+    d = cache.new_stream(fork_of=c)
+    cache.hold(d, write(cache, 4, first_marker=11))  # slots 4-7
+    e = cache.new_stream()
+    cache.hold(e, write(cache, 1, first_marker=15))  # slot 8
+    cache.truncate(d, 5)  # drops slots 5-7 (deep: 3 above slot 5 ... > SHIFT_SLOTS): holes
+    assert cache.holes == 3
+    tail = write(cache, 2, first_marker=16)  # slots 9, 10
+    cache.remove(tail[1:])  # near the tail: shifted at once, the holes at or above it with it
+    assert cache.holes == 3 and cache.used == 10
+    cache.hold(e, tail[:1])
+    assert markers(cache, cache.slots(d)) == [7, 8, 9, 10, 11] and markers(cache, cache.slots(e)) == [15, 16]
+
+    cache.reserve(cache.capacity - cache.used + 1)  # would grow: the holes go first
+    assert cache.holes == 0
+    assert markers(cache, cache.slots(d)) == [7, 8, 9, 10, 11] and markers(cache, cache.slots(e)) == [15, 16]
