@@ -233,3 +233,17 @@ def test_sampled_engines_with_a_deterministic_draft_reproduce_serial_ar_samples(
         assert [r.token_ids for r in engine.run(level("sd", sampling))] == [r.token_ids for r in serial]
     finally:
         getattr(engine, "close", lambda: None)()
+
+
+def test_a_failing_follow_up_fails_the_level_and_leaves_the_engine_usable(target, reference) -> None:
+    engine, method = make(target, "continuous-ar")
+
+    def follow(i: int, result):
+        raise ValueError(f"no follow-up for stream {i}")
+
+    try:
+        with pytest.raises(ValueError, match="no follow-up"):
+            engine.run_chained(level(method), follow)
+        assert [r.token_ids for r in engine.run(level(method))] == reference
+    finally:
+        engine.close()
