@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chisquare, kstest
 
-from spectot.spec.sampling import SamplingParams, position_noise, sample, sample_at, target_probs
+from spectot.spec.sampling import SamplingParams, position_uniform, sample, sample_at, target_probs
 
 SAMPLING = SamplingParams(do_sample=True)
 
@@ -211,13 +211,23 @@ def test_sample_from_target_probs_stays_in_top_k() -> None:
 # ----------------------------------------------------------------------------- sample_at
 
 
-def test_position_noise_is_a_function_of_seed_and_position() -> None:
-    a = position_noise(7, 3, 50)
-    assert a.shape == (50,) and a.dtype == torch.float32 and bool((a > 0).all())
-    assert torch.equal(a, position_noise(7, 3, 50))
-    assert not torch.equal(a, position_noise(7, 4, 50))
-    assert not torch.equal(a, position_noise(8, 3, 50))
-    assert torch.equal(position_noise(-1, 3, 50), position_noise(2**64 - 1, 3, 50))  # any int seed works
+def test_position_uniform_is_a_function_of_seed_and_position() -> None:
+    a = position_uniform(7, 3)
+    assert 0.0 <= a < 1.0 and a == position_uniform(7, 3)
+    assert a != position_uniform(7, 4) and a != position_uniform(8, 3)
+    assert position_uniform(-1, 3) == position_uniform(2**64 - 1, 3)  # any int seed works
+    draws = torch.tensor([position_uniform(0, j) for j in range(20_000)]).numpy()
+    assert kstest(draws, "uniform").pvalue > 1e-3  # uniform over positions of one stream
+
+
+def test_sample_at_draws_from_probs_across_positions_of_one_stream() -> None:
+    p = torch.tensor([0.5, 0.0, 0.1, 0.4])
+    n = 20_000
+    counts = torch.bincount(torch.tensor([sample_at(p, 3, j) for j in range(n)]), minlength=4).double()
+    assert counts[1] == 0
+    assert chisquare(counts[[0, 2, 3]].numpy(), (n * p[[0, 2, 3]].double()).numpy()).pvalue > 1e-3
+    one_hot = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    assert {sample_at(one_hot, s, 0) for s in range(50)} == {2}  # all mass on the last token with mass
 
 
 def test_sample_at_draws_from_probs_across_seeds() -> None:
