@@ -146,13 +146,14 @@ def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None)
 
 def markdown(rows: list[dict]) -> str:
     head = (
-        "| task | engine | in flight | problems | seconds | tok/s | speedup vs ar | speedup vs best batched-ar | TG tok/step | "
-        "SE tok/step | TG accept | SE accept | TG s | SE s | accuracy | same tree as ar |\n"
+        "| task | engine | in flight | problems | seconds | tok/s | speedup vs ar | speedup vs best batched-ar | "
+        "TG tok/step | SE tok/step | TG accept | SE accept | TG s | SE s | accuracy | same tree as ar |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
-        f"| {r['task']} | {r['engine']} | {r['in_flight']} | {r['problems']} | {fmt(r['seconds'], 1)} | {fmt(r['tokens_per_second'], 1)} | "
+        f"| {r['task']} | {r['engine']} | {r['in_flight']} | {r['problems']} | {fmt(r['seconds'], 1)} | "
+        f"{fmt(r['tokens_per_second'], 1)} | "
         f"{fmt(r.get('speedup_vs_ar'))} | {fmt(r.get('speedup_vs_batched-ar'))} | {fmt(r.get('TG_tokens_per_step'))} | "
         f"{fmt(r.get('SE_tokens_per_step'))} | {fmt(r.get('TG_acceptance'))} | {fmt(r.get('SE_acceptance'))} | "
         f"{fmt(r.get('TG_seconds'), 1)} | {fmt(r.get('SE_seconds'), 1)} | {fmt(r['accuracy'])} | "

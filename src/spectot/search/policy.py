@@ -142,7 +142,9 @@ class LocalBackend:
 
         [(stop, max_new)] = {(r.stop, r.max_new_tokens) for r in first.requests}  # a search level shares them
         config = self._config(first, stop, max_new)
-        level = Level([self.encode(r.prompt) for r in first.requests], config, first.seeds, self._next_level(), "TG")
+        level = Level(
+            [self.encode(r.prompt) for r in first.requests], config, first.seeds, self._next_level(), first.component
+        )
         texts: list[str] = [""] * len(first.requests)
         asked: list[StepRequest | None] = [None] * len(first.requests)
 
