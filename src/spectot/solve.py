@@ -91,10 +91,10 @@ def run_solve(
     if pipe is None:
         pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
     costs = json.loads(Path(options.profile).read_text()) if options.profile else None
-    owned = engine is None  # an engine made here is closed here (a continuous one holds a thread)
-    engine, method = engine or make_engine(pipe, options.engine, draft, model, costs)
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+    owned = engine is None  # an engine made here is closed here (a continuous one holds a thread)
+    engine, method = engine or make_engine(pipe, options.engine, draft, model, costs)
     if in_flight > 1 and not hasattr(engine, "run_chained"):
         raise ValueError(
             f"--queries-in-flight {in_flight} needs a continuous engine (continuous-ar, continuous-sd): "
@@ -117,7 +117,7 @@ def run_solve(
     def solve(problem: Problem) -> dict:
         t = time.perf_counter()
         result = tot_bfs(task, problem, policy, bfs_config(search))
-        record = {
+        return {
             **result.to_dict(),
             "question": problem.question,
             "gold": problem.answer if isinstance(problem.answer, (str, list)) else str(problem.answer),
@@ -125,7 +125,6 @@ def run_solve(
             "seconds": time.perf_counter() - t,
             "engine": options.engine,
         }
-        return record
 
     t0 = time.perf_counter()
     try:

@@ -141,8 +141,10 @@ class FlatKVCache:
         if slots.numel() == 0:
             return
         first = int(slots.min())  # host sync
-        if self.used - first <= SHIFT_SLOTS:
-            self._shift(torch.cat([slots, self.hole[first : self.used].nonzero().squeeze(1) + first]))
+        if self.used - first <= SHIFT_SLOTS:  # every verified forward's rejects: keep it cheap
+            if self.holes:  # holes above ``first`` go with them
+                slots = torch.cat([slots, self.hole[first : self.used].nonzero().squeeze(1) + first])
+            self._shift(slots)
             return
         self.hole[slots] = True
         self.holes += slots.numel()
@@ -156,14 +158,16 @@ class FlatKVCache:
         gone = torch.zeros(self.used, dtype=torch.bool)
         gone[slots] = True
         first = int(slots.min())
-        self.holes -= int(self.hole[slots].sum())
-        self.hole[slots] = False
+        if self.holes:
+            self.holes -= int(self.hole[slots].sum())
+            self.hole[slots] = False
         keep = (~gone[first:]).nonzero().squeeze(1) + first  # (kept after first,)
         n_keep = keep.numel()
         if n_keep:
             self.buffer[:, first : first + n_keep] = self.buffer[:, keep]
             self.refcount[first : first + n_keep] = self.refcount[keep]
-            self.hole[first : first + n_keep] = self.hole[keep]
+            if self.holes:  # the holes left move down with their slots (without any, the mask is all False)
+                self.hole[first : first + n_keep] = self.hole[keep]
         shift = torch.cumsum(gone, 0)  # slot j moves to j - shift[j]
         for stream in self.streams.values():
             path = stream.view()
@@ -171,4 +175,5 @@ class FlatKVCache:
                 path -= shift[path]
         self.used = first + n_keep
         self.refcount[self.used :] = 0
-        self.hole[self.used :] = False
+        if self.holes:
+            self.hole[self.used :] = False

@@ -98,17 +98,18 @@ class Policy:
         if not getattr(self.backend, "chains", False):
             texts = self.generate(requests, *labels)
             return texts, self.evaluate([evaluation(i, t) for i, t in enumerate(texts)], *labels)
-        first = GenerationCall(
-            requests, self.thought_temperature, stream_seeds(self.seed, "TG", *labels, n=len(requests)), "TG"
-        )
-        then = GenerationCall((), self.eval_temperature, stream_seeds(self.seed, "SE", *labels, n=len(requests)), "SE")
+        first = self._level(requests, self.thought_temperature, "TG", labels, len(requests))
+        then = self._level((), self.eval_temperature, "SE", labels, len(requests))  # requests made as texts end
         return self.backend.generate_chained(first, then, evaluation)
 
     def _call(self, requests: Sequence[StepRequest], temperature: float, component: str, labels) -> list[str]:
         if not requests:
             return []
-        seeds = stream_seeds(self.seed, component, *labels, n=len(requests))
-        return self.backend.generate(GenerationCall(requests, temperature, seeds, component))
+        return self.backend.generate(self._level(requests, temperature, component, labels, len(requests)))
+
+    def _level(self, requests, temperature: float, component: str, labels, n: int) -> GenerationCall:
+        """One level's call: n stream seeds, a pure function of the run's seed and the level's labels."""
+        return GenerationCall(requests, temperature, stream_seeds(self.seed, component, *labels, n=n), component)
 
 
 @dataclass
