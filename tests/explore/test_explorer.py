@@ -18,11 +18,11 @@ from collections import Counter
 import pytest
 
 from spectot.backends.base import Completion, CompletionRequest
-from spectot.explore.explorer import Explorer, SharedBudget
+from spectot.explore.explorer import Explorer, SharedBudget, expected_widths
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.explore.termination import settled
-from spectot.search.bfs import reward_balanced_search
-from spectot.search.expansion import Expander
+from spectot.search.bfs import reward_balanced_search, width_rule
+from spectot.search.expansion import Child, Expander
 from spectot.search.mcts import mcts_search
 from spectot.search.tree_search import PlainSource, TreeSearchConfig
 from spectot.tasks.base import Problem, StepRequest, Task
@@ -138,6 +138,17 @@ def test_speculation_gets_only_what_primary_work_leaves() -> None:
     budget.primary = 6  # primary work alone past k_total: it never waits, speculation gets nothing
     budget.finished(0)
     assert budget.grant(0, wanted=9, kv_reuse=1.0) == 0
+
+
+def test_early_finishers_get_the_width_they_would_get_beside_their_running_siblings() -> None:
+    rule = width_rule(TreeSearchConfig("rebase", budget=4))  # T_b = 0.2
+    first = [Child.make_dummy((), 0, reward=0.6)]
+    assert rule(first, 4) == [4]  # the rule over the finished alone hands the whole level to the first
+    assert expected_widths(rule, first, pending=3, budget=4) == [1]  # beside 3 siblings at its reward
+    two = [Child.make_dummy((), 0, reward=0.9), Child.make_dummy((), 1, reward=0.5)]
+    # stand-ins at the mean 0.7: softmax([4.5, 2.5, 3.5, 3.5]) = [0.53, 0.07, 0.20, 0.20] -> [2, 0, 1, 1]
+    assert expected_widths(rule, two, pending=2, budget=4) == [2, 0]
+    assert expected_widths(rule, two, pending=0, budget=4) == rule(two, 4) == [4, 0]
 
 
 def _primary(plain, backend):

@@ -8,7 +8,8 @@ speculation the explorer is a thin pass-through, so the search is exactly the pl
 With speculation, while the consumer waits at a reward barrier the explorer starts expansions the
 search will probably ask for next:
     BFS  a level child that finished early is expanded ahead with the algorithm's own width rule over
-         the rewards of its siblings finished so far (``lookahead`` layers deep);
+         its finished siblings and, for each sibling still running, a stand-in scored at their mean
+         reward (``expected_widths``), ``lookahead`` layers deep;
     DFS  the search itself asks for ``spare()`` extra rollouts selected with virtual visits.
 Speculative work runs at backend priority 1 (primary work is admitted first) and only within the
 query's share of the global budget (``SharedBudget``); primary work never waits for budget. A
@@ -161,7 +162,7 @@ class Explorer:
         for next_done in asyncio.as_completed(tasks):
             child = await next_done
             finished.append(child)
-            self._speculate_children(finished, rule, budget, self.lookahead)
+            self._speculate_children(finished, len(tasks) - len(finished), rule, budget, self.lookahead)
         return [t.result() for t in tasks]
 
     def spare(self, wanted: int, depth: int = 1) -> int:
@@ -208,14 +209,16 @@ class Explorer:
             self.budget.leave(self.query)
 
     # -- producers ---------------------------------------------------------------------------------
-    def _speculate_children(self, siblings: Sequence[Child], rule: WidthRule, budget: int, depth_left: int) -> None:
+    def _speculate_children(
+        self, siblings: Sequence[Child], pending: int, rule: WidthRule, budget: int, depth_left: int
+    ) -> None:
         if depth_left <= 0:
             return
         candidates = [c for c in siblings if not c.final]
         if not candidates:
             return
         open_budget = max(budget - sum(c.final for c in siblings), 0)
-        widths = rule(candidates, open_budget)
+        widths = expected_widths(rule, candidates, pending, open_budget)
         keys = [ChildKey(c.state, i) for c, w in zip(candidates, widths) for i in range(w)]
         keys = [k for k in keys if k not in self._jobs]
         for key in keys[: self.spare(len(keys), depth=len(candidates[0].state))]:
@@ -226,12 +229,10 @@ class Explorer:
         if task.cancelled() or task.exception() is not None:
             return
         child = task.result()
-        siblings = [
-            job.task.result()
-            for key, job in self._jobs.items()
-            if key.parent == child.key.parent and _succeeded(job.task)
-        ]
-        self._speculate_children(siblings, rule, budget, depth_left - 1)
+        family = [job.task for key, job in self._jobs.items() if key.parent == child.key.parent]
+        siblings = [t.result() for t in family if _succeeded(t)]
+        pending = sum(not t.done() for t in family)
+        self._speculate_children(siblings, pending, rule, budget, depth_left - 1)
 
     def _primary(self, key: ChildKey) -> asyncio.Task:
         task = asyncio.create_task(self.expander.expand(key, PRIMARY))
@@ -253,6 +254,27 @@ class Explorer:
             self.counters.budget_peak = max(self.counters.budget_peak, in_flight)
             task.add_done_callback(lambda t: self.budget.finished(self.query))
         return task
+
+
+def expected_widths(rule: WidthRule, finished: Sequence[Child], pending: int, budget: int) -> list[int]:
+    """The widths ``rule`` gives the ``finished`` siblings of a level when each of the ``pending`` siblings
+    still running is stood in for by a node scored at the finished ones' mean reward.
+
+    The first children to finish must not get the whole level's budget: under REBASE's width rule
+    W_j = round(B softmax(R / T_b)_j) over the finished nodes alone, the first finisher of a B = 4 level
+    would get all 4 children, of which the real rule (over all 4 siblings) keeps about one. Worked example,
+    B = 4, T_b = 0.2: finished rewards [0.6], 3 pending -> rule over [0.6, 0.6, 0.6, 0.6] -> [1]; finished
+    [0.9, 0.5], 2 pending (stand-ins at 0.7) -> softmax [0.54, 0.07, 0.20, 0.20] -> [2, 0].
+    """
+    if pending <= 0 or not finished:
+        return rule(finished, budget)
+    prior = sum(c.reward for c in finished) / len(finished)
+    parent = finished[0].key.parent
+    stand_ins = [
+        Child(ChildKey(parent, -1 - i), parent + (f"<pending {i}>",), "", prior, False, "", 0, 0.0)
+        for i in range(pending)
+    ]
+    return rule([*finished, *stand_ins], budget)[: len(finished)]
 
 
 def _succeeded(task: asyncio.Task) -> bool:
