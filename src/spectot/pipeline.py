@@ -11,7 +11,7 @@ Names follow transformers (``max_new_tokens``, ``do_sample``, ``temperature``, `
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -166,6 +166,8 @@ class Pipeline:
         )
         if draft.adaptive_k and drafts_chains(proposer):
             pipe.decoder.draft_length = adaptive_draft_length(draft, model, measure_solve_costs(pipe, proposer))
+        if draft.tree == "pct" and isinstance(proposer, DraftDecoderProposer):
+            size_pct_trees(proposer, measure_solve_costs(pipe, proposer))
         return pipe
 
     def encode(self, prompt: str) -> list[int]:
@@ -305,6 +307,17 @@ def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict)
     priors = {t: vector[0] for t, vector in acceptance.items() if vector} if acceptance else None
     curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
     return DraftLength(curve, float(costs.get("c", 0.0)), priors)
+
+
+def size_pct_trees(proposer: DraftDecoderProposer, costs: dict) -> None:
+    """Give a PCT proposer this machine's t(n), so it verifies only the tree size that pays (one stream
+    per forward; ``PCTPolicy.verify_cost``)."""
+    from spectot.spec.trees.dynamic import PCTPolicy
+    from spectot.spec.trees.sizing import TCurve
+
+    if isinstance(proposer.policy, PCTPolicy):
+        curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
+        proposer.policy = replace(proposer.policy, verify_cost=curve)
 
 
 def measure_solve_costs(pipe: Pipeline, proposer: Proposer) -> dict:

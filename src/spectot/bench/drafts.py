@@ -21,7 +21,9 @@ from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records
 from spectot.bench.trees import profile_costs
 from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
-from spectot.pipeline import Pipeline, make_proposer
+from spectot.pipeline import Pipeline, make_proposer, size_pct_trees
+from spectot.spec.profile import measure_costs
+from spectot.spec.proposers.base import Proposer
 from spectot.spec.decoding import DecodeConfig
 from spectot.spec.stats import DecodeStats
 
@@ -41,10 +43,15 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     methods = _methods(opts)
     config_key = {**asdict(opts), **asdict(model_opts)}
     records = load_records(out / "records.jsonl", config_key)
-    todo = [(name, i) for name in methods for i in range(len(prompts)) if (name, i) not in records]
+    # prompt-major order: a machine whose speed drifts during the run (shared memory bandwidth) slows
+    # every draft alike, where method-major order would hand the drift to whichever draft ran then
+    todo = [(name, i) for i in range(len(prompts)) for name in methods if (name, i) not in records]
     with progress_bar() as bar:
-        task = bar.add_task("bench drafts", total=len(todo) + len(methods))
-        current = None
+        task = bar.add_task("bench drafts", total=len(todo) + len(methods) + 1)
+        if ("cost", "t_curve") not in records:  # PCT sizes its trees by it; reported with the results
+            t_curve = measure_costs(pipe.runner, None, ns=(1, 2, 4, 8, 16, 32), prefix=64, reps=5)
+            append_record(out / "records.jsonl", config_key, ("cost", "t_curve"), t_curve, records)
+        bar.advance(task)
         for name, options in methods.items():
             if options is not None and options.draft != "ngram" and ("cost", name) not in records:
                 pipe.decoder.proposer = make_proposer(replace(options, tree="chain"), pipe.target, model_opts)
@@ -57,17 +64,21 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
                     records,
                 )
             bar.advance(task)
+        proposers: dict[str, Proposer | None] = {}
         for name, i in todo:
             options = methods[name]
-            if current != name:
-                pipe.decoder.proposer = None if options is None else make_proposer(options, pipe.target, model_opts)
-                current = name
-                config = DecodeConfig(
-                    max_new_tokens=opts.max_new_tokens,
-                    method="ar" if options is None else "sd",
-                    num_draft_tokens=options.num_draft_tokens if options else 1,
-                )
+            config = DecodeConfig(
+                max_new_tokens=opts.max_new_tokens,
+                method="ar" if options is None else "sd",
+                num_draft_tokens=options.num_draft_tokens if options else 1,
+            )
+            if name not in proposers:
+                proposers[name] = None if options is None else make_proposer(options, pipe.target, model_opts)
+                if options is not None and options.tree == "pct":
+                    size_pct_trees(proposers[name], records[("cost", "t_curve")])
+                pipe.decoder.proposer = proposers[name]
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))  # untimed warm-up
+            pipe.decoder.proposer = proposers[name]
             pipe.decoder.prefix_cache.clear()  # every draft prefills the prompt: same work, fair times
             res = pipe.decoder.generate([prompts[i]], config)[0]
             append_record(
@@ -80,6 +91,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
             bar.advance(task)
     result = {
         "rows": _summarize(records, methods, len(prompts), len(questions)),
+        "t_curve": records.get(("cost", "t_curve"), {}).get("t_curve", []),
         "config": config_key,
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
@@ -164,4 +176,7 @@ def _markdown(result: dict) -> str:
             f"| {r['prompts']} | {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | {c} | "
             f"{r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f}x | {ece} |"
         )
+    if result.get("t_curve"):
+        points = ", ".join(f"t({p['n']}) = {p['t']:.2f}" for p in result["t_curve"])
+        lines += ["", f"Target forward over n rows, relative to one (PCT sizes its trees by it): {points}"]
     return "\n".join(lines) + "\n"

@@ -20,9 +20,11 @@ from spectot.spec.trees.dynamic import (
     keep_most_confident,
     keep_subtree,
     prune_leaves,
+    verified_tree_size,
 )
 from spectot.spec.trees.sequoia import expected_tokens, sequoia_tree
 from spectot.spec.trees.shapes import k_config_tree, specinfer_tree
+from spectot.spec.trees.sizing import TCurve
 
 DOCSTRING_PROBS = {(): [0.6, 0.3], (0,): [0.9, 0.05], (1,): [0.5, 0.4]}
 
@@ -190,6 +192,21 @@ def test_pct_expands_each_node_above_threshold_by_width() -> None:
     policy = PCTPolicy(threshold=0.2, width=2)
     pairs = policy.expand(2, torch.tensor([0.5, 0.1, 0.2]), torch.tensor([[0.6, 0.3], [0.9, 0.1], [0.5, 0.5]]))
     assert pairs == [(0, 0), (0, 1), (2, 0), (2, 1)]
+
+
+def test_verified_tree_size_against_the_docstring_table() -> None:
+    t = TCurve(((1, 1.0), (2, 1.05), (3, 1.1), (4, 1.2), (5, 1.6)))
+    assert verified_tree_size([0.8, 0.6, 0.3, 0.1], t) == 3  # ratios 1, 1.71, 2.18, 2.25, 1.75
+    assert verified_tree_size([0.8, 0.6, 0.3, 0.1], TCurve(((1, 1.0),))) == 4  # flat t: every node pays
+    assert verified_tree_size([0.05], TCurve(((1, 1.0), (2, 2.0)))) == 0  # a row costs a step: draft nothing
+
+
+def test_pct_verifies_only_the_tree_size_this_machine_pays_for() -> None:
+    parents, conf = [-1, 0, 0, 1, 1, 2], [1.0, 0.8, 0.3, 0.6, 0.1, 0.2]  # f of the non-root: .8 .6 .3 .2 .1
+    t = TCurve(((1, 1.0), (2, 1.05), (3, 1.1), (4, 1.2), (5, 1.6)))  # n* = 3: keep .8, .6, .3
+    assert PCTPolicy(threshold=0.1).finalize(parents, conf) == [0, 1, 2, 3, 4, 5]
+    assert PCTPolicy(threshold=0.1, verify_cost=t).finalize(parents, conf) == [0, 1, 2, 3]
+    assert PCTPolicy(threshold=0.1, verify_cost=t, max_nodes=3).finalize(parents, conf) == [0, 1, 3]
 
 
 def test_pct_leaf_pruning_is_repeated_and_spares_the_root() -> None:

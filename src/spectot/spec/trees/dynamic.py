@@ -163,6 +163,11 @@ class PCTPolicy:
     ``max_nodes`` counts the root. expand sees one depth, not the tree size, so it caps each depth at
     max_nodes - 1 children (the most confident); finalize enforces the cap on the whole tree. With draft
     probabilities summing to <= 1 at most 1 / threshold nodes per depth are expandable, which bounds drafting.
+
+    Verification is not free either: a forward over n rows costs t(n) target steps, flat while the weights'
+    memory traffic dominates, then growing with n once compute does (this machine's t(n), ``spec/profile.py``).
+    With ``verify_cost`` = t, finalize keeps only the ``verified_tree_size`` most confident nodes, the size
+    whose expected tokens per unit of verification time is largest.
     """
 
     threshold: float  # s_d / s_t: draft step time over target step time
@@ -170,6 +175,7 @@ class PCTPolicy:
     max_depth: int = 8
     leaf_threshold: float = 0.0
     max_nodes: int = 64  # root included
+    verify_cost: Callable[[float], float] | None = None  # t(n) / t(1) of a target forward over n rows
 
     def __post_init__(self) -> None:
         if self.threshold < 0 or self.leaf_threshold < 0:
@@ -195,7 +201,28 @@ class PCTPolicy:
 
     def finalize(self, parents: list[int], path_conf: list[float]) -> list[int]:
         kept = prune_leaves(parents, path_conf, self.leaf_threshold)
-        return keep_most_confident(parents, path_conf, self.max_nodes - 1, among=kept)
+        n_keep = self.max_nodes - 1
+        if self.verify_cost is not None:
+            conf = sorted((path_conf[v] for v in kept if v != 0), reverse=True)
+            n_keep = min(n_keep, verified_tree_size(conf, self.verify_cost))
+        return keep_most_confident(parents, path_conf, n_keep, among=kept)
+
+
+def verified_tree_size(conf: Sequence[float], verify_cost: Callable[[float], float]) -> int:
+    """n* = argmax_n (1 + sum_{i <= n} f_(i)) / t(n + 1): how many of the most confident draft nodes to verify.
+
+    conf: path confidences f, sorted descending (calibrated: f(v) estimates P(v accepted), so 1 + sum f is the
+    expected tokens of a step, bonus included); t(m): a target forward over m rows (the root and n nodes) in
+    single-row forwards. Worked example: f = [0.8, 0.6, 0.3, 0.1], t(1..5) = [1, 1.05, 1.1, 1.2, 1.6]:
+    ratios 1, 1.71, 2.18, 2.25, 1.75 for n = 0..4 -> n* = 3.
+    """
+    best_n, best, tokens = 0, 1.0 / verify_cost(1), 1.0
+    for n, f in enumerate(conf, start=1):
+        tokens += f
+        rate = tokens / verify_cost(n + 1)
+        if rate > best:
+            best_n, best = n, rate
+    return best_n
 
 
 @dataclass(frozen=True)
