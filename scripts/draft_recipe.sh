@@ -1,7 +1,8 @@
 #!/bin/bash
 # Reproduces the shipped drafts for smollm2-135m (src/spectot/models/drafts/smollm2-135m-{edd,vdm}).
 # Run from the repository root with `.venv` built (`make setup`) and ../shared/data beside the repo.
-# Times on a 2-core AMD EPYC with AVX512-BF16, 2 threads (2026-11-24): self-generated corpus 26 min (3,568
+# --precision bf16 needs native bf16 (AVX512-BF16, AMX, a GPU): on an AVX2-only CPU pass --precision fp32 (40x faster
+# there). Times on a 2-core AMD EPYC with AVX512-BF16, 2 threads (2026-11-24): self-generated corpus 26 min (3,568
 # generations) plus ToT steps 5 min (1,186 generations), EDD features 23 min (1.99M tokens), EDD training 18 min
 # (3 epochs, 5.6k tokens/s), VDM ~6 min, acceptance vectors 2 min. Every stage resumes where it stopped (rerun
 # the script).

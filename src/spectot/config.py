@@ -294,7 +294,10 @@ class TrainDraftOptions:
     lr: float = field(default=1e-4, **opt("AdamW learning rate"))
     precision: Literal["fp32", "bf16"] = field(
         default="fp32",
-        **opt("training compute: fp32, or bf16 autocast over fp32 weights (several times faster with AMX or a GPU)"),
+        **opt(
+            "training compute: fp32, or bf16 autocast over fp32 weights (several times faster with AVX512-BF16, AMX "
+            "or a GPU; ~40x slower than fp32 on an AVX2-only CPU)"
+        ),
     )
     batch_tokens: int = field(default=2048, **opt("padded tokens per training batch"))
     epochs: float = field(default=1.0, **opt("passes over the corpus"))
