@@ -72,13 +72,14 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
                 method="ar" if options is None else "sd",
                 num_draft_tokens=options.num_draft_tokens if options else 1,
             )
-            if name not in proposers:
+            first_use = name not in proposers
+            if first_use:
                 proposers[name] = None if options is None else make_proposer(options, pipe.target, model_opts)
                 if options is not None and options.tree == "pct":
                     size_pct_trees(proposers[name], records[("cost", "t_curve")])
-                pipe.decoder.proposer = proposers[name]
-                pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))  # untimed warm-up
             pipe.decoder.proposer = proposers[name]
+            if first_use:
+                pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))  # untimed warm-up
             pipe.decoder.prefix_cache.clear()  # every draft prefills the prompt: same work, fair times
             res = pipe.decoder.generate([prompts[i]], config)[0]
             append_record(

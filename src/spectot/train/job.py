@@ -23,11 +23,10 @@ logger = logging.getLogger(__name__)
 
 
 def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Report | None = None) -> dict:
+    from spectot.engine.kernels import cpu_has
     from spectot.engine.runner import ModelRunner
     from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint, head_vocabulary
     from spectot.models.loader import load_model
-
-    from spectot.engine.kernels import cpu_has
 
     if options.precision == "bf16" and not (cpu_has("avx512_bf16") or cpu_has("amx_bf16")):
         logger.warning(
