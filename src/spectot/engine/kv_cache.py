@@ -163,11 +163,14 @@ class FlatKVCache:
             self.hole[slots] = False
         keep = (~gone[first:]).nonzero().squeeze(1) + first  # (kept after first,)
         n_keep = keep.numel()
-        if n_keep:
-            self.buffer[:, first : first + n_keep] = self.buffer[:, keep]
-            self.refcount[first : first + n_keep] = self.refcount[keep]
-            if self.holes:  # the holes left move down with their slots (without any, the mask is all False)
-                self.hole[first : first + n_keep] = self.hole[keep]
+        if not n_keep:  # the whole tail goes (a draft's scratch rows): no stream holds any of it
+            self.used = first
+            self.refcount[first:] = 0
+            return
+        self.buffer[:, first : first + n_keep] = self.buffer[:, keep]
+        self.refcount[first : first + n_keep] = self.refcount[keep]
+        if self.holes:  # the holes left move down with their slots (without any, the mask is all False)
+            self.hole[first : first + n_keep] = self.hole[keep]
         shift = torch.cumsum(gone, 0)  # slot j moves to j - shift[j]
         for stream in self.streams.values():
             path = stream.view()

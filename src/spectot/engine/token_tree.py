@@ -34,12 +34,23 @@ class TokenTree:
             raise ValueError(f"a token tree needs a root with parent -1 and one parent per token, got {parents}")
         if any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
             raise ValueError(f"every parent must be an earlier node: parents={parents}")
-        ancestors = torch.eye(n, dtype=torch.bool)
+        if parents == list(range(-1, n - 1)):  # a chain (prefill, AR step, chain draft): no loop
+            object.__setattr__(self, "depths", torch.arange(n))
+            object.__setattr__(self, "ancestors", torch.ones(n, n, dtype=torch.bool).tril_())
+            return
         depths = [0] * n
         for i, p in enumerate(parents[1:], start=1):
-            ancestors[i] |= ancestors[p]
             depths[i] = depths[p] + 1
-        object.__setattr__(self, "depths", torch.tensor(depths, dtype=torch.int64))
+        ancestors = torch.eye(n, dtype=torch.bool)
+        depth = torch.tensor(depths)
+        if n <= 16:  # a row inherits its parent's row: row by row for small trees,
+            for i, p in enumerate(parents[1:], start=1):
+                ancestors[i] |= ancestors[p]
+        else:  # level by level for large ones
+            for d in range(1, max(depths) + 1):
+                level = (depth == d).nonzero().squeeze(1)
+                ancestors[level] |= ancestors[self.parents[level]]
+        object.__setattr__(self, "depths", depth)
         object.__setattr__(self, "ancestors", ancestors)
 
     @classmethod

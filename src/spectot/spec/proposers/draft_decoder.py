@@ -142,9 +142,9 @@ class DraftDecoderProposer:
         if r.hidden is None or r.hidden.shape[0] != tokens.numel():
             got = None if r.hidden is None else r.hidden.shape[0]
             raise RuntimeError(f"EDD needs the target's hidden states of {tokens.numel()} new tokens, got {got}")
-        with torch.inference_mode():
-            vectors = self.draft.hidden_proj(r.hidden.to(self.draft.hidden_proj.weight.dtype))
-            pending = self.draft.model.get_input_embeddings()(r.tokens[-1:])
+        weight = self.draft.hidden_proj.weight
+        vectors = self.runner.linear(r.hidden.to(weight.dtype), weight)
+        pending = self.draft.model.get_input_embeddings().weight[r.tokens[-1:]]
         return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
 
     def _grow(
