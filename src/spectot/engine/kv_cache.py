@@ -135,6 +135,12 @@ class FlatKVCache:
         self.streams[sid].append(slots)
         self.refcount[slots] += 1
 
+    def drop_tail(self, start: int) -> None:
+        """Delete the tail slots ``start..used``, reserved and held by no stream (a scratch forward)."""
+        if bool(self.refcount[start : self.used].any()):
+            raise RuntimeError(f"tail slots from {start} are still held by a stream")
+        self.used = start
+
     def remove(self, slots: torch.Tensor) -> None:
         """Delete slots nobody holds: near the tail by shifting the later slots down, deeper ones
         as holes (shifted away together once they are half the buffer)."""

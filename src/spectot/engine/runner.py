@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from spectot.engine.kv_cache import FlatKVCache
@@ -385,7 +386,7 @@ class ModelRunner:
     def _embeds(self, trees: Sequence[StreamTree], tokens: torch.Tensor) -> torch.Tensor:
         """(N, H): the token embeddings, or the trees' own input vectors where given."""
         with torch.inference_mode():
-            x = self._embed(tokens)
+            x = self._embed.weight[tokens]  # the embedding module's lookup, without its call
         if all(st.embeds is None for st in trees):
             return x
         parts = x.split([len(st.tree) for st in trees])
@@ -393,18 +394,21 @@ class ModelRunner:
 
     def _row_columns(self, trees: Sequence[StreamTree], offsets: list[int], start: int) -> _RowColumns:
         """Each new row's cache columns in path order: its stream's slots, then its tree ancestors'
-        new slots (itself last) -- the very sequence the AR step for that token would read."""
+        new slots (itself last) -- the very sequence the AR step for that token would read. (numpy:
+        a one-layer draft's forward is short enough that torch's per-op overhead showed.)"""
         values, counts = [], []
         for st, o in zip(trees, offsets):
             n = len(st.tree)
-            old = self.cache.slots(st.stream)
-            columns = torch.cat([old.expand(n, -1), torch.arange(start + o, start + o + n).expand(n, -1)], 1)
-            visible = torch.cat([torch.ones(n, old.numel(), dtype=torch.bool), st.tree.ancestors], 1)
+            old = self.cache.slots(st.stream).numpy()
+            columns = np.concatenate(
+                [np.broadcast_to(old, (n, old.size)), np.broadcast_to(np.arange(start + o, start + o + n), (n, n))], 1
+            )
+            visible = np.concatenate([np.ones((n, old.size), dtype=bool), st.tree.ancestors.numpy()], 1)
             values.append(columns[visible])  # row-major: row by row, columns in order
             counts.append(visible.sum(1))
-        row_ptr = torch.zeros(sum(len(c) for c in counts) + 1, dtype=torch.int64)
-        torch.cumsum(torch.cat(counts), 0, out=row_ptr[1:])
-        return _RowColumns(torch.cat(values).to(self.device), row_ptr.to(self.device))
+        row_ptr = np.zeros(sum(len(c) for c in counts) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(counts), out=row_ptr[1:])
+        return _RowColumns(torch.from_numpy(np.concatenate(values)).to(self.device), torch.from_numpy(row_ptr).to(self.device))
 
     def _batches(self, trees: Sequence[StreamTree], offsets: list[int], start: int) -> list[_AttentionBatch]:
         """The streams of a forward in consecutive attention batches: per stream, its rows, the cache
@@ -540,6 +544,9 @@ class ModelRunner:
             if nodes and (not 0 <= nodes[-1] < len(st.tree) or nodes != st.tree.path_to(nodes[-1])):
                 self._pending = pending
                 raise ValueError(f"accepted nodes {nodes} are not a root-to-node path of the tree")
+        if not any(paths):  # nothing kept (a draft's scratch forward): the new slots are the tail
+            self.cache.drop_tail(pending.start)
+            return
         keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
         for st, offset, nodes in zip(pending.trees, pending.offsets, paths):
             if nodes:

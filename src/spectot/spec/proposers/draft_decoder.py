@@ -68,6 +68,7 @@ class DraftDecoderProposer:
         self.forwards = 0
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
         self._head_ids = draft.head_ids
+        self._embedding = draft.model.get_input_embeddings().weight
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
         self._fed: dict[int, int] = {}  # decoding key -> committed entries in the draft's cache
@@ -144,7 +145,7 @@ class DraftDecoderProposer:
             raise RuntimeError(f"EDD needs the target's hidden states of {tokens.numel()} new tokens, got {got}")
         weight = self.draft.hidden_proj.weight
         vectors = self.runner.linear(r.hidden.to(weight.dtype), weight)
-        pending = self.draft.model.get_input_embeddings().weight[r.tokens[-1:]]
+        pending = self._embedding[r.tokens[-1:]]
         return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
 
     def _grow(
