@@ -26,7 +26,7 @@ from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
-from spectot.spec.sampling import SamplingParams, sample_at, target_probs
+from spectot.spec.sampling import SamplingParams, argmax, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
 from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
 from spectot.spec.trees.dynamic import TreePolicy
@@ -419,10 +419,10 @@ class DecodeSession:
         sampling stream keeps speculative sampling."""
         sampling, first = s.config.sampling, len(s.generated)  # the root's token is generated token ``first``
         if sampling.greedy:
-            argmax = logits.argmax(-1)
+            best = argmax(logits).tolist()
 
             def target(row: int, depth: int) -> int:
-                return int(argmax[row])
+                return best[row]
         else:
 
             def target(row: int, depth: int) -> int:  # only the rows on the accepted path are drawn
@@ -444,7 +444,7 @@ class DecodeSession:
     def _sample_one(self, logits: torch.Tensor, s: _Stream) -> int:
         """The stream's next token on its own: plain decoding's draw at its position."""
         if s.config.sampling.greedy:
-            return int(logits.argmax())
+            return int(argmax(logits))
         return sample_at(target_probs(logits, s.config.sampling), s.seed, len(s.generated))
 
     def _emit(self, s: _Stream, new: list[int], logprobs: list[float]) -> int:
@@ -514,9 +514,12 @@ def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
 def _accepted_ranks(tree: TokenTree, path: list[int]) -> list[int]:
     """At each node of the accepted path that has children: the rank of the accepted child among
     them (children are in draft-rank order), or -1 where all were rejected."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        children.setdefault(parent, []).append(node)
     ranks = []
     for i, node in enumerate(path):
-        kids = tree.children(node)
+        kids = children.get(node)
         if kids:
             ranks.append(kids.index(path[i + 1]) if i + 1 < len(path) else -1)
     return ranks

@@ -165,8 +165,11 @@ class DraftDecoderProposer:
         else:
             picks = _draw(q_sub, k, mode == "without_replacement", generator)  # (rows, K)
             probs = q_sub.gather(1, picks)
-        child_probs = torch.zeros(len(block.frontier), k)  # rows the policy does not read stay 0
-        child_probs[rows] = probs
+        if rows == list(range(len(block.frontier))):
+            child_probs = probs
+        else:  # rows the policy does not read stay 0
+            child_probs = torch.zeros(len(block.frontier), k)
+            child_probs[rows] = probs
         where = {fi: i for i, fi in enumerate(rows)}
         frontier = []
         for fi, rank in policy.expand(depth, self._frontier_conf(block), child_probs):
