@@ -192,10 +192,14 @@ class DraftDecoderProposer:
         tokens = torch.tensor([block.tokens[i] for i in nodes], dtype=torch.int64)
         parents = torch.tensor([index[block.parents[i]] - 1 for i in nodes], dtype=torch.int64)
         confidence = torch.tensor([block.prob[i] for i in nodes])
+        # a chain goes out as a chain: verified by the chain rules, cut and learnt by the adaptive length
+        chain = parents.tolist() == list(range(-1, len(nodes) - 1))
         if mode == "top" or not nodes:
-            return Draft(tokens, None, parents, confidence=confidence)
+            return Draft(tokens, None, None if chain else parents, confidence=confidence)
         q = torch.zeros(len(nodes), self._vocab)
         q[:, self._head_ids] = torch.stack([block.q[i] for i in nodes])
+        if chain:
+            return Draft(tokens, q, confidence=confidence)
         return Draft(tokens, q, parents, rule=mode, confidence=confidence)
 
     def _policy_for(self, r: DraftRequest) -> TreePolicy:
