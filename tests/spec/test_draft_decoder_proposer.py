@@ -56,8 +56,8 @@ def make_draft(target, kind: str, head_ids: torch.Tensor, num_layers: int = 1) -
     return DraftDecoder.initialise(config, target, head_ids).eval()
 
 
-def proposer(draft: DraftDecoder, policy=None, children: str = "top") -> DraftDecoderProposer:
-    return DraftDecoderProposer(draft, ModelRunner(draft.model), policy, children)
+def proposer(draft: DraftDecoder, policy=None, children: str = "top", prefix_tokens: int = 16384) -> DraftDecoderProposer:
+    return DraftDecoderProposer(draft, ModelRunner(draft.model), policy, children, prefix_tokens=prefix_tokens)
 
 
 def decode(target, prompts, prop=None, **config) -> list[StreamResult]:
@@ -90,7 +90,9 @@ def test_greedy_decoding_equals_ar(target, ar_tokens, drafts, kind: str, policy:
     out = decode(target, PROMPTS, prop, max_new_tokens=MAX_NEW, num_draft_tokens=5)
     assert [r.token_ids for r in out] == ar_tokens
     assert all(r.stats.proposed > 0 for r in out)  # drafts were verified, not skipped
-    assert prop._streams == {} and prop.runner.cache.used == 0  # every draft stream released
+    assert prop._streams == {}  # every draft stream released: to the draft's prefix cache, which holds the rest
+    prop.prefixes.clear()
+    assert prop.runner.cache.used == 0
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
@@ -319,8 +321,9 @@ def test_greedy_top_k_siblings_are_the_drafts_best_tokens(dist_target) -> None:
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
 def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sampling) -> None:
     """A search's child prompt extends its parent's sequence. Under an EDD draft the prefix cache hands
-    back the reused prefix's KV *and* its hidden states, so the draft proposes what it would after a
-    full prefill: the same tokens, accepted drafts and draft confidences (fp32). The draft's hidden
+    back the reused prefix's KV *and* its hidden states, and the draft's own prefix cache its KV, so the
+    draft proposes what it would after a full prefill: the same tokens, accepted drafts and draft
+    confidences (fp32). The draft's hidden
     projection is randomised so that wrong or misplaced hidden states show (an untrained draft
     barely reads them: reversing the cached rows moved its confidences by only 2e-5)."""
     edd = make_draft(target, "edd", HEAD_IDS)
@@ -330,7 +333,8 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
     config = DecodeConfig(method="sd", max_new_tokens=24, sampling=sampling, num_draft_tokens=3)
 
     def search(cache_tokens: int) -> tuple[list, list, torch.Tensor, int, int]:
-        decoder = Decoder(ModelRunner(target), proposer=proposer(edd), prefix_cache_tokens=cache_tokens)
+        prop = proposer(edd, prefix_tokens=cache_tokens)
+        decoder = Decoder(ModelRunner(target), proposer=prop, prefix_cache_tokens=cache_tokens)
         outputs, accepted, confidence, prefilled, prompt = [], [], [], 0, prompt0
         for depth in range(3):
             with decoder.session([prompt, prompt[:-1] + [44]], config, [depth, depth + 100]) as session:
@@ -343,7 +347,7 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
             accepted += [r.stats.accepted_by_position for r in results]
             confidence += [r.stats.calibration_confidence for r in results]
             prompt = prompt + results[0].token_ids + [4, 6]  # the child's prompt extends its parent
-        return outputs, accepted, torch.tensor(confidence), decoder.prefix_cache.hits, prefilled
+        return outputs, accepted, torch.tensor(confidence), min(decoder.prefix_cache.hits, prop.prefixes.hits), prefilled
 
     plain, plain_accepted, plain_confidence, no_hits, prefilled_plain = search(0)
     cached, cached_accepted, cached_confidence, hits, prefilled = search(4096)

@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from spectot.engine.prefix_cache import PrefixCache
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.models.draft_decoder import DraftDecoder
@@ -59,6 +60,7 @@ class DraftDecoderProposer:
         policy: TreePolicy | None = None,  # None: a chain of the request's k tokens
         children: ChildSampling = "top",
         name: str = "edd",
+        prefix_tokens: int = 16384,  # draft KV of released streams kept for later prompts that extend them (0: off)
     ) -> None:
         self.draft = draft
         self.runner = runner
@@ -72,6 +74,11 @@ class DraftDecoderProposer:
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
         self._fed: dict[int, int] = {}  # decoding key -> committed entries in the draft's cache
+        self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens of those entries
+        # a search's prompts extend each other: a new stream forks the draft KV of the longest kept
+        # prefix instead of running its whole prompt through the draft (on a 2-core Zen 5, rStar + SPEX +
+        # EDD spent 0.5 s of 19 s on those prompt catch-ups)
+        self.prefixes = PrefixCache(runner, max_tokens=prefix_tokens)
 
     def propose(
         self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
@@ -85,8 +92,8 @@ class DraftDecoderProposer:
         active = [r for r in requests if r.k > 0 and self._room(r) > 0]
         for r in active:
             if r.key not in self._streams:
-                self._streams[r.key] = self.runner.new_stream()
-                self._fed[r.key] = 0
+                fork = self.prefixes.fork(r.tokens[:-1].tolist())
+                self._streams[r.key], self._fed[r.key] = fork.sid, fork.length
         depth = 1
         while active:
             expand = {
@@ -106,6 +113,7 @@ class DraftDecoderProposer:
                 self.runner.commit({st.stream: range(len(st.tree) - 1) for st in trees})
                 for r in active:
                     self._fed[r.key] = r.tokens.numel() - 1
+                    self._committed[r.key] = r.tokens[:-1]
             else:
                 self.runner.commit({})
             self.forwards += 1
@@ -140,11 +148,13 @@ class DraftDecoderProposer:
         tokens = r.tokens[self._fed[r.key] : -1]
         if self.draft.hidden_proj is None:
             return tokens, None
-        if r.hidden is None or r.hidden.shape[0] != tokens.numel():
+        # the request's hidden states end at the last committed token; a stream forked from a kept prefix
+        # needs only the rows past it
+        if r.hidden is None or r.hidden.shape[0] < tokens.numel():
             got = None if r.hidden is None else r.hidden.shape[0]
             raise RuntimeError(f"EDD needs the target's hidden states of {tokens.numel()} new tokens, got {got}")
         weight = self.draft.hidden_proj.weight
-        vectors = self.runner.linear(r.hidden.to(weight.dtype), weight)
+        vectors = self.runner.linear(r.hidden[r.hidden.shape[0] - tokens.numel() :].to(weight.dtype), weight)
         pending = self._embedding[r.tokens[-1:]]
         return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
 
@@ -211,9 +221,13 @@ class DraftDecoderProposer:
         return self.runner.max_context - r.tokens.numel()
 
     def release(self, key: int) -> None:
+        """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
         if key in self._streams:
-            self.runner.release(self._streams.pop(key))
-            del self._fed[key]
+            stream, fed, committed = self._streams.pop(key), self._fed.pop(key), self._committed.pop(key, None)
+            if committed is not None and fed == committed.numel():
+                self.prefixes.keep(stream, committed.tolist())
+            else:
+                self.runner.release(stream)
 
 
 def _draw(q: torch.Tensor, k: int, distinct: bool, generator: torch.Generator | None) -> torch.Tensor:
