@@ -6,6 +6,7 @@ negated) so a test can tell where every slot's contents went.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from spectot.engine.kv_cache import FlatKVCache
@@ -222,3 +223,15 @@ def test_deep_frees_leave_holes_until_half_the_buffer_then_one_shift_removes_the
     cache.reserve(cache.capacity - cache.used + 1)  # would grow: the holes go first
     assert cache.holes == 0
     assert markers(cache, cache.slots(d)) == [7, 8, 9, 10, 11] and markers(cache, cache.slots(e)) == [15, 16]
+
+
+def test_drop_tail_frees_a_scratch_forward_and_refuses_held_slots() -> None:
+    cache = make_cache()
+    sid = cache.new_stream()
+    cache.hold(sid, write(cache, 3, 1))
+    write(cache, 2, 10)  # a forward's rows nobody keeps
+    cache.drop_tail(3)
+    assert cache.used == 3 and markers(cache, cache.slots(sid)) == [1, 2, 3]
+    with pytest.raises(RuntimeError, match="still held"):
+        cache.drop_tail(2)
+    assert cache.used == 3

@@ -352,3 +352,14 @@ def test_linear_attention_layers_are_refused(tiny_model) -> None:
     hybrid = types.SimpleNamespace(config=config, model=model.model, get_output_embeddings=model.get_output_embeddings)
     with pytest.raises(ModelLoadError, match="linear-attention"):
         ModelRunner(hybrid)
+
+
+def test_rotary_table_equals_the_rotary_module(model) -> None:
+    """cos/sin come from a table grown on demand: the module's own values at any position, bit for bit."""
+    runner = ModelRunner(model)
+    x = torch.zeros(1, 1, model.config.hidden_size)
+    for positions in ([0, 3, 3, 7], [300, 2], list(range(600, 610))):  # the second grows the table past 256
+        index = torch.tensor(positions)
+        cos, sin = runner._cos_sin(x, index)
+        want_cos, want_sin = runner._rotary(x, index[None])
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)

@@ -75,6 +75,17 @@ def test_deep_and_wide_tree_depths() -> None:
         assert tree.ancestors[node].nonzero().squeeze(1).tolist() == path
 
 
+@pytest.mark.parametrize("n", [7, 40])  # row by row up to 16 nodes, level by level beyond
+def test_ancestors_are_every_nodes_root_path(n: int) -> None:
+    generator = torch.Generator().manual_seed(n)
+    parents = [-1] + [int(torch.randint(i, (), generator=generator)) for i in range(1, n)]
+    tree = TokenTree(torch.arange(n), torch.tensor(parents))
+    for node in range(n):
+        path = tree.path_to(node)
+        assert tree.ancestors[node].nonzero().squeeze(1).tolist() == path
+        assert int(tree.depths[node]) == len(path) - 1
+
+
 @pytest.mark.parametrize(
     "tokens, parents",
     [

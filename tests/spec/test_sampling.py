@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
-from spectot.spec.sampling import SamplingParams, position_uniform, sample, sample_at, target_probs
+from spectot.spec.sampling import SamplingParams, argmax, position_uniform, sample, sample_at, target_probs
 
 SAMPLING = SamplingParams(do_sample=True)
 
@@ -239,3 +239,12 @@ def test_sample_at_draws_from_probs_across_seeds() -> None:
     support = p > 0
     expected = n * p[support].double() / p.double().sum()
     assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_is_torchs_with_ties_to_the_lowest_index(dtype: torch.dtype) -> None:
+    x = torch.tensor([[0.0, 2.0, 2.0, 1.0], [5.0, 5.0, 5.0, 5.0], [-1.0, -3.0, -1.0, -2.0]], dtype=dtype)
+    assert argmax(x).tolist() == [1, 0, 0] == torch.argmax(x, -1).tolist()
+    assert int(argmax(x[0])) == 1
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(argmax(logits), logits.argmax(-1))
