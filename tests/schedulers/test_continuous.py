@@ -161,4 +161,44 @@ def test_an_edd_draft_gets_the_target_hidden_states_in_the_continuous_engine(tin
     finally:
         engine.close()
     assert got == want
-    assert engine.fill_rows == 0  # chunked prefill would skip the prompt's hidden states
+
+
+def test_edd_requests_prefilled_in_chunks_get_every_prompt_tokens_hidden_state(tiny_llama) -> None:
+    """Speculative EDD requests prefilled in chunks beside a primary one collect each chunk's hidden
+    states: their tokens and their drafts' confidences equal those of the same requests prefilled at
+    once (fp32), where a missing chunk would stop the draft and a misplaced one would move its confidences."""
+    import torch
+
+    from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
+    from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
+
+    target = tiny_llama()
+    head_ids = torch.arange(0, 64, 2)
+    config = DraftDecoderConfig("edd", 1, -2, head_ids.numel(), fingerprint(target), target.config.to_dict())
+    draft = DraftDecoder.initialise(config, target, head_ids).eval()
+    with torch.no_grad():  # a draft that reads its hidden states visibly (an untrained one barely does)
+        draft.hidden_proj.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+    sd = DecodeConfig(max_new_tokens=12, method="sd", num_draft_tokens=3)
+    long_prompts = [[(7 * i + j) % 50 + 3 for j in range(30)] for i in range(3)]
+
+    def run(fill_rows: int) -> tuple[list, list, int]:
+        proposer = DraftDecoderProposer(draft, ModelRunner(draft.model), prefix_tokens=0)
+        engine = ContinuousEngine(Decoder(ModelRunner(target), proposer=proposer), fill_rows=fill_rows)
+        started = []
+        try:
+            primary = engine.submit(PROMPTS[3], DecodeConfig(max_new_tokens=60), 0, started.append)
+            deadline = time.time() + 10
+            while not started and time.time() < deadline:
+                time.sleep(0.001)
+            results = [engine.submit(p, sd, i + 1, priority=1).result(timeout=60) for i, p in enumerate(long_prompts)]
+            primary.result(timeout=60)
+        finally:
+            engine.close()
+        confidences = [r.stats.calibration_confidence for r in results]
+        return [r.token_ids for r in results], confidences, engine.counters.chunked_prefills
+
+    tokens, confidences, chunked = run(fill_rows=4)
+    want_tokens, want_confidences, none = run(fill_rows=0)
+    assert chunked == 3 and none == 0
+    assert tokens == want_tokens
+    assert torch.allclose(torch.tensor(confidences), torch.tensor(want_confidences), rtol=0, atol=1e-5)

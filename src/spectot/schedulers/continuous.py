@@ -73,8 +73,7 @@ class ContinuousEngine:
         if max_streams < 1 or fill_rows < 0:
             raise ValueError(f"need max_streams >= 1 and fill_rows >= 0, got {max_streams} and {fill_rows}")
         self.decoder, self.max_streams, self.budget, self.name = decoder, max_streams, budget, name
-        # chunks need no draft hidden states (an EDD draft reads every prompt token's)
-        self.fill_rows = fill_rows if decoder.hidden_layer is None else 0
+        self.fill_rows = fill_rows
         self.counters = EngineCounters()
         self._waiting: list[_Request] = []
         self._order = itertools.count()

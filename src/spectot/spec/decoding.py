@@ -273,13 +273,16 @@ class DecodeSession:
     def begin(self, streams: Sequence[_Stream]) -> None:
         """Prefill ``streams`` in chunks instead: each forks its longest cached prefix now and runs the
         rest a few tokens at a time inside later forwards (``verify(..., filling=)``), so a long prompt
-        never stalls the streams already decoding (SPEX: speculative work must not delay primary work)."""
-        if self.decoder.hidden_layer is not None:
-            raise ValueError("chunked prefill needs no draft hidden states: an EDD draft reads every prompt token's")
+        never stalls the streams already decoding (SPEX: speculative work must not delay primary work).
+        Under an EDD draft each chunk's hidden states join the stream's as they arrive."""
+        layer = self._hidden_layer()
         for s in streams:
-            s.sid, cached, _ = self.prefix_cache.fork(s.prompt[:-1])
+            s.sid, cached, hidden = self.prefix_cache.fork(s.prompt[:-1], layer)
             s.to_fill, s.chunked = len(s.prompt) - cached, True
             self.cached_tokens += cached
+            if hidden is not None:
+                s.unseen_hidden.append(hidden)
+                s.hidden.append(hidden)
 
     def _prefill_prompts(self, prompts: list[tuple[int, ...]]) -> None:
         """One forward over the new prompts, each forked from its longest cached prefix (at least its
@@ -399,7 +402,10 @@ class DecodeSession:
         for s, tokens in chunks:
             accepted[s.sid] = list(range(len(tokens)))
         self.runner.commit(accepted)
-        for (s, tokens), logits in zip(chunks, out.logits[len(streams) :]):
+        for i, ((s, tokens), logits) in enumerate(zip(chunks, out.logits[len(streams) :]), start=len(streams)):
+            if out.hidden is not None:
+                s.unseen_hidden.append(out.hidden[i])
+                s.hidden.append(out.hidden[i])
             s.to_fill -= len(tokens)
             self.prefilled_tokens += len(tokens)
             if s.to_fill == 0:
