@@ -56,7 +56,9 @@ def make_draft(target, kind: str, head_ids: torch.Tensor, num_layers: int = 1) -
     return DraftDecoder.initialise(config, target, head_ids).eval()
 
 
-def proposer(draft: DraftDecoder, policy=None, children: str = "top", prefix_tokens: int = 16384) -> DraftDecoderProposer:
+def proposer(
+    draft: DraftDecoder, policy=None, children: str = "top", prefix_tokens: int = 16384
+) -> DraftDecoderProposer:
     return DraftDecoderProposer(draft, ModelRunner(draft.model), policy, children, prefix_tokens=prefix_tokens)
 
 
@@ -347,7 +349,8 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
             accepted += [r.stats.accepted_by_position for r in results]
             confidence += [r.stats.calibration_confidence for r in results]
             prompt = prompt + results[0].token_ids + [4, 6]  # the child's prompt extends its parent
-        return outputs, accepted, torch.tensor(confidence), min(decoder.prefix_cache.hits, prop.prefixes.hits), prefilled
+        hits = min(decoder.prefix_cache.hits, prop.prefixes.hits)
+        return outputs, accepted, torch.tensor(confidence), hits, prefilled
 
     plain, plain_accepted, plain_confidence, no_hits, prefilled_plain = search(0)
     cached, cached_accepted, cached_confidence, hits, prefilled = search(4096)

@@ -408,7 +408,8 @@ class ModelRunner:
             counts.append(visible.sum(1))
         row_ptr = np.zeros(sum(len(c) for c in counts) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(counts), out=row_ptr[1:])
-        return _RowColumns(torch.from_numpy(np.concatenate(values)).to(self.device), torch.from_numpy(row_ptr).to(self.device))
+        columns = torch.from_numpy(np.concatenate(values))
+        return _RowColumns(columns.to(self.device), torch.from_numpy(row_ptr).to(self.device))
 
     def _batches(self, trees: Sequence[StreamTree], offsets: list[int], start: int) -> list[_AttentionBatch]:
         """The streams of a forward in consecutive attention batches: per stream, its rows, the cache
@@ -468,9 +469,9 @@ class ModelRunner:
         if not self._rope_cached:
             return self._rotary(x, positions[None])
         need = int(positions.max()) + 1
-        if self._rope_table is None or self._rope_table[0].shape[1] < need:
-            length = min(max(need, 256, 2 * (0 if self._rope_table is None else self._rope_table[0].shape[1])),
-                         max(need, self.max_context))
+        held = 0 if self._rope_table is None else self._rope_table[0].shape[1]
+        if held < need:  # double it, up to the context (past it only as far as asked)
+            length = max(need, min(max(256, 2 * held), self.max_context))
             self._rope_table = self._rotary(x, torch.arange(length, device=x.device)[None])
         cos, sin = self._rope_table
         return cos[:, positions], sin[:, positions]

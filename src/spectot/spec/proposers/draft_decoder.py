@@ -73,8 +73,7 @@ class DraftDecoderProposer:
         self._embedding = draft.model.get_input_embeddings().weight
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
-        self._fed: dict[int, int] = {}  # decoding key -> committed entries in the draft's cache
-        self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens of those entries
+        self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens in the draft's cache
         # a search's prompts extend each other: a new stream forks the draft KV of the longest kept
         # prefix instead of running its whole prompt through the draft (on a 2-core Zen 5, rStar + SPEX +
         # EDD spent 0.5 s of 19 s on those prompt catch-ups)
@@ -93,7 +92,7 @@ class DraftDecoderProposer:
         for r in active:
             if r.key not in self._streams:
                 fork = self.prefixes.fork(r.tokens[:-1].tolist())
-                self._streams[r.key], self._fed[r.key] = fork.sid, fork.length
+                self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[: fork.length]
         depth = 1
         while active:
             expand = {
@@ -112,7 +111,6 @@ class DraftDecoderProposer:
             if depth == 1:  # keep the catch-up entries, drop the pending token
                 self.runner.commit({st.stream: range(len(st.tree) - 1) for st in trees})
                 for r in active:
-                    self._fed[r.key] = r.tokens.numel() - 1
                     self._committed[r.key] = r.tokens[:-1]
             else:
                 self.runner.commit({})
@@ -145,7 +143,7 @@ class DraftDecoderProposer:
         """The committed tokens the draft has not seen yet (all but the pending one) and, for EDD,
         the chain's input vectors: the target's hidden states of those tokens through the draft's
         projection, then the pending token's embedding."""
-        tokens = r.tokens[self._fed[r.key] : -1]
+        tokens = r.tokens[self._committed[r.key].numel() : -1]
         if self.draft.hidden_proj is None:
             return tokens, None
         # the request's hidden states end at the last committed token; a stream forked from a kept prefix
@@ -200,10 +198,11 @@ class DraftDecoderProposer:
         index = {old: new for new, old in enumerate(keep)}
         nodes = keep[1:]
         tokens = torch.tensor([block.tokens[i] for i in nodes], dtype=torch.int64)
-        parents = torch.tensor([index[block.parents[i]] - 1 for i in nodes], dtype=torch.int64)
+        parent_list = [index[block.parents[i]] - 1 for i in nodes]
+        parents = torch.tensor(parent_list, dtype=torch.int64)
         confidence = torch.tensor([block.prob[i] for i in nodes])
         # a chain goes out as a chain: verified by the chain rules, cut and learnt by the adaptive length
-        chain = parents.tolist() == list(range(-1, len(nodes) - 1))
+        chain = parent_list == list(range(-1, len(nodes) - 1))
         if mode == "top" or not nodes:
             return Draft(tokens, None, None if chain else parents, confidence=confidence)
         q = torch.zeros(len(nodes), self._vocab)
@@ -223,11 +222,7 @@ class DraftDecoderProposer:
     def release(self, key: int) -> None:
         """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
         if key in self._streams:
-            stream, fed, committed = self._streams.pop(key), self._fed.pop(key), self._committed.pop(key, None)
-            if committed is not None and fed == committed.numel():
-                self.prefixes.keep(stream, committed.tolist())
-            else:
-                self.runner.release(stream)
+            self.prefixes.keep(self._streams.pop(key), self._committed.pop(key).tolist())
 
 
 def _draw(q: torch.Tensor, k: int, distinct: bool, generator: torch.Generator | None) -> torch.Tensor:
