@@ -128,6 +128,13 @@ class DraftOptions:
     ngram_width: int = field(
         default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches")
     )
+    lookup: int = field(
+        default=2,
+        **opt(
+            "trained drafts (edd/vdm): also verify the prompt-lookup continuation of a trailing match of >= N "
+            "tokens, grafted below the draft's chain or tree as one more branch (greedy and top-token drafts; 0: off)"
+        ),
+    )
 
     tree: TreeKind = field(
         default="auto",
@@ -162,6 +169,8 @@ class DraftOptions:
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError(f"--num-draft-tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.lookup < 0:
+            raise ValueError(f"--lookup is a match length (>= 1) or 0 for off, got {self.lookup}")
         if self.tree == "k_config":
             parse_int_list(self.k_config, "--k-config")
         if self.tree == "specinfer":
@@ -388,6 +397,10 @@ class BenchDraftsOptions:
     edd: str = field(default="edd", **opt("the EDD draft (alias or folder)"))
     vdm: str = field(default="vdm", **opt("the VDM draft (alias or folder)"))
     pct_threshold: float = field(default=0.1, **opt("PCT expansion threshold s_d / s_t for EDD + PCT"))
+    lookup: int = field(
+        default=2,
+        **opt("rows EDD + lookup and EDD + PCT + lookup graft the prompt-lookup match of >= N tokens (0: no such rows)"),
+    )
     ablation: tuple[str, ...] = field(
         default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")
     )

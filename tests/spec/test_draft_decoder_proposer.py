@@ -127,6 +127,70 @@ def test_adaptive_length_learns_from_draft_decoder_chains(target, drafts, sampli
     assert estimate.reached and estimate.reached[0] > 0
 
 
+# -- the prompt-lookup branch ----------------------------------------------------------------------
+
+REPEATING = [[3, 17, 42, 8, 3, 17], [21, 9, 60, 2, 21, 9, 60, 2, 21], [5, 6, 7, 5, 6, 7, 5]]
+
+
+def test_lookup_branch_is_grafted_below_the_drafts_chain(target, drafts) -> None:
+    """The trailing [3, 17] occurred at 0, followed by [42, 8, 3]: that branch hangs from the root beside the
+    draft's own chain, which keeps its tokens and confidences; the grafted nodes carry no confidence (NaN)."""
+    tokens = torch.tensor(REPEATING[0])
+    with torch.no_grad():
+        hidden = target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+    request = DraftRequest(0, tokens, 3, hidden[:-1])
+    (plain,) = proposer(drafts["edd"]).propose([request], SamplingParams(), None)
+    grafted = proposer(drafts["edd"])
+    grafted.lookup = 2
+    (d,) = grafted.propose([request], SamplingParams(), None)
+    assert plain.parents is None and plain.tokens.numel() == 3
+    tree = d.tree(root=17)
+    paths = {tuple(tree.tokens[tree.path_to(i)].tolist()) for i in range(len(tree))}
+    assert (17, 42, 8, 3) in paths and (17, *plain.tokens.tolist()) in paths
+    assert d.tokens[:3].equal(plain.tokens) and d.confidence[:3].equal(plain.confidence)
+    new = d.tokens.numel() - 3
+    assert new >= 1 and torch.isnan(d.confidence[3:]).all() and d.confidence[3:].numel() == new
+    # a match shorter than asked for grafts nothing: [17] alone is a 1-gram
+    (short,) = grafted.propose([DraftRequest(1, torch.tensor([9, 17, 4, 17]), 3, hidden[:3])], SamplingParams(), None)
+    assert short.parents is None and short.tokens.numel() == 3
+
+
+@pytest.mark.parametrize("policy", ["chain", "pct"])
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_greedy_decoding_with_the_lookup_branch_equals_ar(target, drafts, kind: str, policy: str) -> None:
+    ar = [r.token_ids for r in decode(target, REPEATING, max_new_tokens=MAX_NEW)]
+    config = {"max_new_tokens": MAX_NEW, "num_draft_tokens": 5}
+    plain = decode(target, REPEATING, proposer(drafts[kind], POLICIES[policy]), **config)
+    prop = proposer(drafts[kind], POLICIES[policy])
+    prop.lookup = 1
+    out = decode(target, REPEATING, prop, **config)
+    assert [r.token_ids for r in out] == ar
+
+    def nodes_per_step(results: list[StreamResult]) -> float:
+        return sum(r.stats.proposed for r in results) / sum(r.stats.verify_steps for r in results)
+
+    assert nodes_per_step(out) > nodes_per_step(plain)  # the branches were verified beside the draft's trees
+
+
+def test_sampled_decoding_with_the_lookup_branch_keeps_the_target_joint(dist_target) -> None:
+    """T = 1, the draft's top-token chain plus the grafted branch (both deterministic): the joint of
+    (x1, x2, x3) over 1800 seeded draws against the exact joint, as for the sampled trees below."""
+    params = SamplingParams(do_sample=True, temperature=1.0)
+    prop = proposer(make_draft(dist_target, "edd", torch.arange(DIST_VOCAB)))
+    prop.lookup = 1
+    decoder = Decoder(ModelRunner(dist_target), proposer=prop)
+    counts: Counter = Counter()
+    trees = 0
+    for seed in range(DIST_CALLS):
+        config = DecodeConfig(max_new_tokens=DIST_NEW, sampling=params, method="sd", num_draft_tokens=2, seed=seed)
+        for r in decoder.generate([DIST_PROMPT_REPEATING] * DIST_STREAMS, config):
+            counts[tuple(r.token_ids[:JOINT])] += 1
+            trees += r.stats.proposed > 2  # more than the chain's 2 nodes: a branch was grafted
+    assert trees > DIST_CALLS * DIST_STREAMS // 10
+    exact = exact_joint(dist_target, DIST_PROMPT_REPEATING, JOINT, params)
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
 @pytest.mark.parametrize("kind", ["edd", "vdm"])
 def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, kind: str) -> None:
     draft = drafts[kind]
@@ -195,6 +259,7 @@ def test_decoder_passes_the_proposers_hidden_layer(drafts) -> None:
 
 DIST_VOCAB = 8
 DIST_PROMPT = [1, 2, 3]
+DIST_PROMPT_REPEATING = [1, 2, 3, 4, 1, 2, 5, 1]  # every token of the vocabulary's first half recurs
 # x1 comes from the prefill; with 4 new tokens the next step drafts a depth-2 tree (the decoder never
 # drafts the last token of the budget), so x2 and x3 are accepted or recovered tokens of that tree
 DIST_NEW = 4

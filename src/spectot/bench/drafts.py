@@ -1,4 +1,5 @@
-"""`spectot bench drafts`: n-gram, VDM, EDD and EDD + PCT drafts on the same held-out prompts.
+"""`spectot bench drafts`: n-gram, VDM, EDD and EDD + PCT drafts, alone and with the prompt-lookup
+branch (``--lookup``), on the same held-out prompts.
 
 One run, greedy, SmolLM2 (or any target with trained drafts): held-out GSM8K test questions and
 Creative Writing inputs after the training lines. For every draft: tokens per step (including the
@@ -108,15 +109,20 @@ def _methods(opts: BenchDraftsOptions) -> dict[str, DraftOptions | None]:
     methods: dict[str, DraftOptions | None] = {
         "ar": None,
         "ngram": DraftOptions(draft="ngram", num_draft_tokens=opts.k),
-        "vdm": DraftOptions(draft=opts.vdm, num_draft_tokens=opts.k),
-        "edd": DraftOptions(draft=opts.edd, num_draft_tokens=opts.k),
-        "edd+pct": DraftOptions(draft=opts.edd, tree="pct", pct_threshold=opts.pct_threshold, num_draft_tokens=16),
+        "vdm": DraftOptions(draft=opts.vdm, num_draft_tokens=opts.k, lookup=0),
+        "edd": DraftOptions(draft=opts.edd, num_draft_tokens=opts.k, lookup=0),
+        "edd+pct": DraftOptions(
+            draft=opts.edd, tree="pct", pct_threshold=opts.pct_threshold, num_draft_tokens=16, lookup=0
+        ),
     }
+    if opts.lookup:
+        methods["edd+lookup"] = replace(methods["edd"], lookup=opts.lookup)
+        methods["edd+pct+lookup"] = replace(methods["edd+pct"], lookup=opts.lookup)
     for item in opts.ablation:
         name, _, folder = item.partition("=")
         if not folder:
             raise ValueError(f"--ablation expects NAME=FOLDER, got '{item}'")
-        methods[name] = DraftOptions(draft=folder, num_draft_tokens=opts.k)
+        methods[name] = DraftOptions(draft=folder, num_draft_tokens=opts.k, lookup=0)
     return methods
 
 

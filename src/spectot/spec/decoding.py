@@ -14,6 +14,7 @@ and ``spectot serve`` keeps one session open and batches whatever requests are l
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -389,9 +390,14 @@ class DecodeSession:
             if self.decoder.draft_length is not None and d.parents is None:
                 self.decoder.draft_length.observe(s.config.sampling, d.tokens.numel(), len(path) - 1, d.match)
             if d.confidence is not None:
-                on_path = set(path)
-                tested = [i for i in range(1, len(st.tree)) if int(st.tree.parents[i]) in on_path]
-                s.stats.record_calibration([float(d.confidence[i - 1]) for i in tested], [i in on_path for i in tested])
+                on_path, conf = set(path), d.confidence.tolist()
+                # the nodes the target tested; NaN: no draft confidence (a grafted prompt-lookup branch)
+                tested = [
+                    i
+                    for i in range(1, len(st.tree))
+                    if int(st.tree.parents[i]) in on_path and not math.isnan(conf[i - 1])
+                ]
+                s.stats.record_calibration([conf[i - 1] for i in tested], [i in on_path for i in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
             kept = self._emit(s, new, _logprobs(logits[path], new))
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)

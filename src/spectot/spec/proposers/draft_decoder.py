@@ -18,6 +18,11 @@ children are picked decides the verification rule:
 - ``without_replacement`` (Sequoia): rank r is the r-th distinct draw from q (Gumbel top-k).
 - ``with_replacement`` (SpecInfer, MCSD): rank r is the r-th i.i.d. draw from q.
 Sampled children keep the draft distribution q they were drawn from for the verifier.
+
+With ``lookup`` = n > 0, a ``top`` draft also gets the prompt-lookup continuation of a trailing n-gram match
+(n tokens or more) grafted below its root (``ngram.graft``): the draft guesses what the target will say,
+the lookup what it will copy (Creative Writing's given sentences, a question's numbers restated), where a
+one-layer draft accepts least. Both are deterministic, so one target forward verifies both losslessly.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.models.draft_decoder import DraftDecoder
 from spectot.spec.proposers.base import Draft, DraftRequest
+from spectot.spec.proposers.ngram import graft, lookup_match
 from spectot.spec.sampling import SamplingParams, target_probs
 from spectot.spec.trees.dynamic import StaticPolicy, TreePolicy
 from spectot.spec.trees.shapes import chain_tree
@@ -61,12 +67,16 @@ class DraftDecoderProposer:
         children: ChildSampling = "top",
         name: str = "edd",
         prefix_tokens: int = 16384,  # draft KV of released streams kept for later prompts that extend them (0: off)
+        lookup: int = 0,  # graft the prompt-lookup continuation of a match of >= this many tokens (0: off)
     ) -> None:
+        if lookup < 0:
+            raise ValueError(f"the prompt-lookup match length must be >= 0 (0: off), got {lookup}")
         self.draft = draft
         self.runner = runner
         self.policy = policy
         self.children = children
         self.name = name
+        self.lookup = lookup
         self.forwards = 0
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
         self._head_ids = draft.head_ids
@@ -124,7 +134,10 @@ class DraftDecoderProposer:
                     still.append(r)
             active = still
             depth += 1
-        return [self._to_draft(blocks[r.key], policies[r.key], mode) for r in requests]
+        drafts = [self._to_draft(blocks[r.key], policies[r.key], mode) for r in requests]
+        if self.lookup and mode == "top":
+            drafts = [self._with_lookup(d, r, min(r.k, policies[r.key].max_depth)) for d, r in zip(drafts, requests)]
+        return drafts
 
     # -- phases ----------------------------------------------------------------------------
     def _tree(self, r: DraftRequest, block: _Block, first: bool) -> StreamTree:
@@ -210,6 +223,21 @@ class DraftDecoderProposer:
         if chain:
             return Draft(tokens, q, confidence=confidence)
         return Draft(tokens, q, parents, rule=mode, confidence=confidence)
+
+    def _with_lookup(self, draft: Draft, r: DraftRequest, k: int) -> Draft:
+        """``draft`` with what the stream would copy grafted below its root (grafted nodes have no draft
+        confidence: NaN, left out of calibration). A chain it extends stays a chain."""
+        branch, n = lookup_match(r.tokens, min(k, self._room(r)), max(3, self.lookup), self.lookup)
+        if n < self.lookup or not branch.numel():
+            return draft
+        chain = list(range(-1, draft.tokens.numel() - 1))
+        parents = chain if draft.parents is None else draft.parents.tolist()
+        tokens, parents, new = graft(draft.tokens.tolist(), parents, branch.tolist())
+        if not new:
+            return draft
+        confidence = torch.cat([draft.confidence, torch.full((len(new),), float("nan"))])
+        as_tree = None if parents == list(range(-1, len(tokens) - 1)) else torch.tensor(parents)
+        return Draft(torch.tensor(tokens, dtype=torch.int64), None, as_tree, confidence=confidence)
 
     def _policy_for(self, r: DraftRequest) -> TreePolicy:
         if r.policy is not None:
