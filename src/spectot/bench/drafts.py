@@ -4,7 +4,8 @@ branch (``--lookup``), on the same held-out prompts.
 One run, greedy, SmolLM2 (or any target with trained drafts): held-out GSM8K test questions and
 Creative Writing inputs after the training lines. For every draft: tokens per step (including the
 bonus token), acceptance rate, the draft cost c (a draft depth step relative to a target step, measured
-in this run), tokens/s, speedup over ``ar`` and the EDD paper's calibration error (ECE). Extra drafts
+in this run), tokens/s, speedup over ``ar`` and the EDD paper's calibration error (ECE), with its
+reliability diagram (the paper's figure 3b: acceptance against draft confidence, calibration.png). Extra drafts
 (the ablations: no hidden states, cross-entropy loss, fixed block length, another hidden layer) are
 given as NAME=FOLDER. Records are appended as they finish, so an interrupted run resumes.
 """
@@ -12,6 +13,7 @@ given as NAME=FOLDER. Records are appended as they finish, so an interrupted run
 from __future__ import annotations
 
 import json
+import logging
 import platform
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -28,6 +30,8 @@ from spectot.spec.proposers.base import Proposer
 from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
 from spectot.spec.decoding import DecodeConfig
 from spectot.spec.stats import DecodeStats
+
+logger = logging.getLogger(__name__)
 
 
 def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict:
@@ -102,6 +106,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     }
     (out / "results.json").write_text(json.dumps(result, indent=2))
     (out / "results.md").write_text(_markdown(result))
+    _plot_calibration(result["rows"], out / "calibration.png")
     return result
 
 
@@ -190,3 +195,31 @@ def _markdown(result: dict) -> str:
         points = ", ".join(f"t({p['n']}) = {p['t']:.2f}" for p in result["t_curve"])
         lines += ["", f"Target forward over n rows, relative to one (PCT sizes its trees by it): {points}"]
     return "\n".join(lines) + "\n"
+
+
+def _plot_calibration(rows: list[dict], path: Path) -> None:
+    """Acceptance rate against draft confidence per bin, one line per trained draft, over all prompts."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib not installed: skipping %s (pip install 'spectot[bench]')", path)
+        return
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    ax.plot([0, 1], [0, 1], color="#999", linestyle="--", linewidth=1, label="calibrated")
+    for r in rows:
+        if r["prompts"] == "all" and r["calibration"]:
+            bins = r["calibration"]
+            label = f"{r['method']} (ECE {r['calibration_error']:.3f})"
+            ax.plot([b["confidence"] for b in bins], [b["accepted"] for b in bins], marker="o", label=label)
+    ax.set_xlabel("draft confidence (mean of the bin)")
+    ax.set_ylabel("accepted by the target (fraction)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("draft calibration (EDD paper, fig. 3b)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

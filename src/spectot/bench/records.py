@@ -9,10 +9,11 @@ from pathlib import Path
 
 def load_records(path: Path, config_key: dict) -> dict[tuple, dict]:
     records = {}
+    stored = json.loads(json.dumps(config_key))  # as written: tuples come back as lists
     if path.exists():
         for line in path.read_text().splitlines():
             rec = json.loads(line)
-            if rec["config"] == config_key:
+            if rec["config"] == stored:
                 records[tuple(rec["key"])] = rec["value"]
     return records
 

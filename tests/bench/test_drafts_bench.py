@@ -1,0 +1,58 @@
+"""`bench drafts` end to end on a tiny checkpoint with untrained EDD and VDM folders: every draft row (the
+prompt-lookup ones included) decodes each prompt to `ar`'s greedy tokens, the table and the calibration plot
+are written, and a second run resumes everything from the records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectot.bench.drafts import run_bench_drafts
+from spectot.config import BenchDraftsOptions, ModelOptions
+from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
+
+DATA = Path(__file__).parents[3] / "shared" / "data"
+GSM8K = DATA / "gsm8k" / "test.jsonl"
+CREATIVE_WRITING = DATA / "tot_creative_writing" / "data_100_random_text.txt"
+
+
+def save_draft(target, kind: str, folder: Path) -> str:
+    config = DraftDecoderConfig(
+        kind, 1, -2 if kind == "edd" else None, 64, fingerprint(target), target.config.to_dict()
+    )
+    DraftDecoder.initialise(config, target, torch.arange(64)).save(folder, torch.arange(64))
+    return str(folder)
+
+
+@pytest.mark.skipif(not (GSM8K.exists() and CREATIVE_WRITING.exists()), reason="needs ../shared/data")
+def test_bench_drafts_rows_keep_ar_tokens_and_resume(tiny_checkpoint, tiny_model, tmp_path) -> None:
+    target = tiny_model("llama", 0)  # the checkpoint's weights
+    opts = BenchDraftsOptions(
+        gsm8k=str(GSM8K),
+        creative_writing=str(CREATIVE_WRITING),
+        gsm8k_prompts=2,
+        cw_prompts=1,
+        max_new_tokens=12,
+        k=3,
+        edd=save_draft(target, "edd", tmp_path / "edd"),
+        vdm=save_draft(target, "vdm", tmp_path / "vdm"),
+        out=str(tmp_path / "bench"),
+    )
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    result = run_bench_drafts(model, opts)
+    methods = ["ar", "ngram", "vdm", "edd", "edd+pct", "edd+lookup", "edd+pct+lookup"]
+    assert [r["method"] for r in result["rows"] if r["prompts"] == "all"] == methods
+    assert {r["prompts"] for r in result["rows"]} == {"all", "gsm8k", "creative_writing"}
+    records = [json.loads(line) for line in (tmp_path / "bench" / "records.jsonl").read_text().splitlines()]
+    tokens = {tuple(r["key"]): r["value"]["tokens"] for r in records if r["key"][0] != "cost"}
+    for i in range(3):  # lossless: every draft decodes every prompt to ar's greedy tokens
+        assert all(tokens[(name, i)] == tokens[("ar", i)] for name in methods)
+    assert "| all | edd+pct+lookup |" in (tmp_path / "bench" / "results.md").read_text()
+    assert (tmp_path / "bench" / "calibration.png").stat().st_size > 0
+    lines = (tmp_path / "bench" / "records.jsonl").read_text().splitlines()
+    again = run_bench_drafts(model, opts)
+    assert (tmp_path / "bench" / "records.jsonl").read_text().splitlines() == lines
+    assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
