@@ -227,8 +227,8 @@ class DraftDecoderProposer:
     def _with_lookup(self, draft: Draft, r: DraftRequest, k: int) -> Draft:
         """``draft`` with what the stream would copy grafted below its root (grafted nodes have no draft
         confidence: NaN, left out of calibration). A chain it extends stays a chain."""
-        branch, n = lookup_match(r.tokens, min(k, self._room(r)), max(3, self.lookup), self.lookup)
-        if n < self.lookup or not branch.numel():
+        branch, _ = lookup_match(r.tokens, min(k, self._room(r)), max(3, self.lookup), self.lookup)
+        if not branch.numel():  # no match of >= lookup tokens
             return draft
         chain = list(range(-1, draft.tokens.numel() - 1))
         parents = chain if draft.parents is None else draft.parents.tolist()

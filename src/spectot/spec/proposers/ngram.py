@@ -54,25 +54,6 @@ def lookup_continuations(
     return []
 
 
-def trie(continuations: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge token sequences into a tree: (tokens, parents) with -1 = the root they hang from.
-
-    Example: [5, 6], [5, 7], [8] -> tokens [5, 6, 7, 8], parents [-1, 0, 0, -1].
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    node_of: dict[tuple[int, int], int] = {}
-    for seq in continuations:
-        parent = -1
-        for token in seq.tolist():
-            if (parent, token) not in node_of:
-                node_of[(parent, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-            parent = node_of[(parent, token)]
-    return torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64)
-
-
 def graft(tokens: list[int], parents: list[int], branch: list[int]) -> tuple[list[int], list[int], list[int]]:
     """Hang the chain ``branch`` from the root of the tree (tokens, parents; -1 = the root), sharing the
     nodes it agrees with: (tokens, parents, indices of the new nodes).
@@ -91,6 +72,18 @@ def graft(tokens: list[int], parents: list[int], branch: list[int]) -> tuple[lis
             parents.append(parent)
         parent = node_of[(parent, token)]
     return tokens, parents, new
+
+
+def trie(continuations: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge token sequences into a tree: (tokens, parents) with -1 = the root they hang from.
+
+    Example: [5, 6], [5, 7], [8] -> tokens [5, 6, 7, 8], parents [-1, 0, 0, -1].
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    for seq in continuations:
+        tokens, parents, _ = graft(tokens, parents, seq.tolist())
+    return torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64)
 
 
 @dataclass
