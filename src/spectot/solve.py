@@ -83,6 +83,7 @@ def run_solve(
     of a continuous engine (> 1 needs one); every problem's tree is the one it gets alone."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from spectot.engine.openmp import release_thread_pool
     from spectot.pipeline import Pipeline, make_engine
     from spectot.schedulers.timeline import Timeline
 
@@ -127,6 +128,7 @@ def run_solve(
         }
 
     t0 = time.perf_counter()
+    release_thread_pool()  # the problem threads (or the engine's) run the model from here on
     try:
         with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="spectot-problem") as pool:
             for i, record in enumerate(pool.map(solve, problems)):  # in problem order

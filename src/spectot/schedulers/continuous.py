@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
+from spectot.engine.openmp import release_thread_pool
 from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
 from spectot.spec.trees.dynamic import TreeBudget
 
@@ -79,6 +80,7 @@ class ContinuousEngine:
         self._order = itertools.count()
         self._wake = threading.Condition()
         self._closed = False
+        release_thread_pool()  # the worker takes over the model: its OpenMP pool must be the only one
         self._thread = threading.Thread(target=self._loop, name="spectot-engine", daemon=True)
         self._thread.start()
 
