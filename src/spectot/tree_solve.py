@@ -32,6 +32,8 @@ class TreeSolveRun:
         spec = [r["spec"] for r in self.records]
         total = lambda key: sum(s.get(key, 0) for s in spec)  # noqa: E731
         speculated, used = total("speculated"), total("expansions_used")
+        levels = sum(r["result"].get("level_seconds", 0.0) for r in self.records)
+        critical = sum(r["result"].get("critical_path_seconds", 0.0) for r in self.records)
         return {
             "problems": n,
             "accuracy": sum(r["score"] for r in self.records) / n if n else 0.0,
@@ -45,6 +47,11 @@ class TreeSolveRun:
             "saving_rate": total("hits") / used if used else 0.0,
             "wasted_tokens": total("wasted_tokens"),
             "cancelled": total("cancelled"),
+            # BFS: the level-synchronous time of the trees found over their critical path, the speedup
+            # perfect speculation with free concurrency would reach on them (search/tree_search.py)
+            "level_seconds": levels,
+            "critical_path_seconds": critical,
+            "speculation_ceiling": levels / critical if critical else None,
             "engine": self.engine,
         }
 

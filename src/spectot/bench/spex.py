@@ -186,16 +186,22 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
         "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
-        "speculated | hit rate | saving rate | wasted tok | early stops |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "speculated | hit rate | saving rate | wasted tok | early stops | ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['search']} | {r['in_flight']} | {r['variant']} | {r['problems']} | "
             f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])} | {fmt(r['accuracy'])} | "
             f"{fmt(r['accuracy_delta_vs_plain'])} | {r['speculated']} | {fmt(r['hit_rate'])} | "
-            f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {r['stopped_early']} |"
+            f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {r['stopped_early']} | {fmt(_ceiling(r))} |"
         )
+    if any(_ceiling(r) is not None for r in rows):
+        lines += [
+            "",
+            "ceiling (plain BFS rows): the plain trees' level-synchronous time over their critical path, the "
+            "speedup perfect speculation with free concurrency would reach on the same trees.",
+        ]
     conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
     lines += [
         "",
@@ -208,6 +214,13 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
             f"equal the in-process run's."
         )
     return "\n".join(lines) + "\n"
+
+
+def _ceiling(row: dict) -> float | None:
+    """Only a plain BFS row has one: its expansions all start at their level's barrier."""
+    if row["variant"] != "plain" or row["search"] not in ("rebase", "ets"):
+        return None
+    return row.get("speculation_ceiling")
 
 
 def _split(text: str) -> list[str]:

@@ -63,6 +63,8 @@ class TreeSearchResult:
             "leaves": [{"state": list(c.state), "reward": c.reward, "answer": c.answer} for c in self.leaves],
             "expansions": len(self.expansions),
             "stopped_early": self.stopped_early,
+            "level_seconds": level_barrier_seconds(self.expansions),
+            "critical_path_seconds": critical_path_seconds(self.expansions),
         }
 
 
@@ -108,6 +110,28 @@ class PlainSource:
 
     async def close(self) -> None:
         pass
+
+
+def level_barrier_seconds(expansions: Sequence[Child]) -> float:
+    """sum_d max_{n at depth d} t(n): a BFS's time when each level starts together and waits for its
+    slowest expansion (the plain algorithm at a reward barrier)."""
+    slowest: dict[int, float] = {}
+    for c in expansions:
+        depth = len(c.key.parent)
+        slowest[depth] = max(slowest.get(depth, 0.0), c.seconds)
+    return sum(slowest.values())
+
+
+def critical_path_seconds(expansions: Sequence[Child]) -> float:
+    """max over nodes of sum_{a on root..n} t(a): the tree's time when every expansion starts the moment
+    its parent's ends (perfect speculation, free concurrency). ``level_barrier_seconds / this`` is the
+    most any speculation can speed up the same tree. Worked example: depth 0 takes [3, 1] s, the child of
+    the 1 s node takes 2 s, the child of the 3 s node 1 s: barrier 3 + 2 = 5 s, critical path
+    max(3 + 1, 1 + 2) = 4 s, ceiling 1.25x."""
+    finished_at: dict[tuple, float] = {(): 0.0}  # state -> when its expansion ends
+    for c in sorted(expansions, key=lambda c: len(c.state)):  # parents before children
+        finished_at[c.state] = finished_at.get(c.key.parent, 0.0) + c.seconds
+    return max(finished_at.values())
 
 
 def root_child() -> Child:
