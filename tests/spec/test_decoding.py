@@ -425,11 +425,11 @@ def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, pro
         assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
         proposer = DraftModelProposer(ModelRunner(draft_model))
         if draft == "model-adaptive":
-            length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5)
+            length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5, learn_cost=False)
     else:
         proposer = NgramProposer(width=3 if draft == "ngram-tree" else 1)
         if draft == "ngram-adaptive":
-            length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5)
+            length = KChoices(lambda n: n**0.5, weight=0.5, decay=0.5, learn_cost=False)
 
     decoder = Decoder(ModelRunner(target), (), proposer, draft_length=length)
     counts, proposed, accepted = sample_counts(decoder, "sd", prompt, calls)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -120,7 +121,7 @@ def test_greedy_decoding_with_a_draft_that_always_agrees(tiny_llama, policy: str
 def test_adaptive_length_learns_from_draft_decoder_chains(target, drafts, sampling: SamplingParams) -> None:
     """A draft decoder's chains reach the adaptive draft length's estimate (they once went out as
     one-child trees, which it never observed: k stayed at the prior's choice whatever was accepted)."""
-    length = DraftLength(lambda n: 1.0, draft_cost=0.0)
+    length = DraftLength(lambda n: 1.0, draft_cost=0.0, learn_cost=False)
     decoder = Decoder(ModelRunner(target), proposer=proposer(drafts["edd"]), draft_length=length)
     decoder.generate(PROMPTS, DecodeConfig(method="sd", max_new_tokens=MAX_NEW, num_draft_tokens=4, sampling=sampling))
     (estimate,) = length.estimates.values()
@@ -424,3 +425,38 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
     assert sum(map(sum, plain_accepted)) > 0  # the drafts are tested, not just empty
     assert (cached, cached_accepted) == (plain, plain_accepted)
     assert torch.allclose(cached_confidence, plain_confidence, rtol=0, atol=1e-6)
+
+
+def test_graft_into_shares_agreeing_nodes_and_scores_both_branches() -> None:
+    """The docstring's example: root -> x (p 0.8) -> y (p 0.6), branch [x, z], a = 0.5 -> z new, f = [1, .8, .48, .4]."""
+    from spectot.spec.proposers.draft_decoder import _Block, _graft_into
+
+    block = _Block([7, 11, 12], parents=[-1, 0, 1], conf=[1.0, 0.8, 0.48], prob=[1.0, 0.8, 0.6], q=[None] * 3)
+    conf = _graft_into(block, [11, 13], 0.5)
+    assert block.tokens == [7, 11, 12, 13] and block.parents == [-1, 0, 1, 1]
+    assert conf == pytest.approx([1.0, 0.8, 0.48, 0.4])
+    assert math.isnan(block.prob[3]) and block.q[3] is None
+    # a branch the draft did not foresee at all: its first node hangs from the root at f = a; a shared node's
+    # f is raised to a where the draft was less sure, and its draft children inherit the raise
+    block = _Block([7, 11, 12], parents=[-1, 0, 1], conf=[1.0, 0.2, 0.1], prob=[1.0, 0.2, 0.5], q=[None] * 3)
+    assert _graft_into(block, [11], 0.5) == pytest.approx([1.0, 0.5, 0.25])
+    assert _graft_into(block, [9, 9], 0.5)[-2:] == pytest.approx([0.5, 0.25])
+
+
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_sized_pct_selects_the_lookup_branch_with_the_drafts_nodes(target, drafts, kind: str) -> None:
+    """PCT sized by t(n) picks among the draft's and the grafted nodes together: on free rows both are verified,
+    on rows that cost a full step each (t(n) = n) no node pays, grafted ones included; greedy stays AR."""
+    ar = [r.token_ids for r in decode(target, REPEATING, max_new_tokens=MAX_NEW)]
+    config = {"max_new_tokens": MAX_NEW, "num_draft_tokens": 5}
+    proposed = {}
+    for name, cost in {"free": lambda n: 1.0, "linear": lambda n: float(n)}.items():
+        for lookup in (0, 1):
+            prop = proposer(drafts[kind], PCTPolicy(threshold=0.05, verify_cost=cost))
+            prop.lookup = lookup
+            out = decode(target, REPEATING, prop, **config)
+            assert [r.token_ids for r in out] == ar
+            steps = sum(r.stats.verify_steps for r in out)
+            proposed[name, lookup] = sum(r.stats.proposed for r in out) / steps  # nodes verified a step
+    assert proposed["free", 1] > proposed["free", 0] > 0
+    assert proposed["linear", 0] == proposed["linear", 1] == 0

@@ -101,8 +101,46 @@ def test_each_evidence_class_learns_its_own_acceptance() -> None:
     assert set(length.estimates) == {(HOT, 1), (HOT, 3)}
 
 
+def test_draft_cost_is_learnt_from_measured_steps() -> None:
+    """c = d / u: seconds per draft forward over seconds per unit of t, moving averages from the engine's steps."""
+    length = DraftLength(kinked, draft_cost=0.05, smoothing=0.5)
+    assert length.cost == 0.05  # nothing measured yet: the offline profile's
+    length.observe_draft(0.004, 2)  # d = 2 ms a draft forward
+    assert length.cost == 0.05  # no target step seen yet
+    length.observe_verify(0.015, 6)  # t(6) = 2: u = 7.5 ms
+    assert length.cost == pytest.approx(0.002 / 0.0075)
+    length.observe_verify(0.010, 1)  # u <- 7.5 + 0.5 (10 - 7.5) = 8.75 ms
+    assert length.cost == pytest.approx(0.002 / 0.00875)
+    length.observe_draft(1.0, 1)  # a prompt catch-up: capped at 4 d -> d = 2 + 0.5 (8 - 2) = 5 ms
+    assert length.cost == pytest.approx(0.005 / 0.00875)
+    length.observe_draft(0.5, 0)  # no draft forward ran: nothing to learn
+    assert length.cost == pytest.approx(0.005 / 0.00875)
+    fixed = DraftLength(kinked, draft_cost=0.05, learn_cost=False)
+    fixed.observe_draft(0.004, 2)
+    fixed.observe_verify(0.015, 6)
+    assert fixed.cost == 0.05
+
+
+def test_a_draft_measured_expensive_is_switched_off() -> None:
+    """Offline c = 0 drafts k = 5 on free rows; measured, a draft forward costing a whole target step does not pay
+    at alpha = 0.5 (G(k) / (1 + k) < 1), so k* falls to 0."""
+    length = DraftLength(flat, draft_cost=0.0, priors={1.0: 0.5}, optimism=0.0)
+    assert length.choose(HOT, 5) == 5
+    length.observe_verify(0.010, 4)
+    length.observe_draft(0.010, 1)
+    assert length.choose(HOT, 5) == 0
+
+
 @pytest.mark.parametrize(
-    "bad", [dict(draft_cost=-1.0), dict(weight=0.0), dict(decay=0.0), dict(optimism=-1.0), dict(priors={0.0: 1.5})]
+    "bad",
+    [
+        dict(draft_cost=-1.0),
+        dict(weight=0.0),
+        dict(decay=0.0),
+        dict(optimism=-1.0),
+        dict(priors={0.0: 1.5}),
+        dict(smoothing=0.0),
+    ],
 )
 def test_draft_length_validates(bad: dict) -> None:
     with pytest.raises(ValueError):
@@ -123,7 +161,7 @@ def test_adaptive_sd_is_greedy_lossless_and_stops_drafting_a_hopeless_draft(targ
     reference = Decoder(ModelRunner(target)).generate(PROMPTS, DecodeConfig(max_new_tokens=40))
     config = DecodeConfig(max_new_tokens=40, method="sd", num_draft_tokens=4)
     fixed = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(tiny_llama(1)))).generate(PROMPTS, config)
-    length = DraftLength(kinked)
+    length = DraftLength(kinked, learn_cost=False)  # the acceptance alone switches it off
     decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(tiny_llama(1))), draft_length=length)
     adaptive = decoder.generate(PROMPTS, config)
     assert [r.token_ids for r in adaptive] == [r.token_ids for r in reference]
@@ -136,7 +174,9 @@ def test_adaptive_sd_keeps_drafting_a_draft_that_lands(target) -> None:
     """The target as its own draft: every token accepted, so k stays at its maximum on free rows."""
     config = DecodeConfig(max_new_tokens=30, method="sd", num_draft_tokens=4)
     reference = Decoder(ModelRunner(target)).generate(PROMPTS, config.__class__(max_new_tokens=30))
-    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)), draft_length=DraftLength(flat))
+    # a draft as costly as its target never pays: keep the cost model's free draft
+    length = DraftLength(flat, learn_cost=False)
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)), draft_length=length)
     outs = decoder.generate(PROMPTS, config)
     assert [r.token_ids for r in outs] == [r.token_ids for r in reference]
     assert all(r.stats.mean_acceptance_length > 4 for r in outs)

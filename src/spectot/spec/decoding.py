@@ -354,8 +354,11 @@ class DecodeSession:
                 if look_first and d.tokens.numel():
                     d = d.cut(adapt.choose(sampling, d.tokens.numel(), len(streams), d.match))
                 drafts[i] = d
-        self.batch.draft_forwards += self.proposer.forwards - before
-        self.batch.time_draft += time.perf_counter() - t
+        seconds, forwards = time.perf_counter() - t, self.proposer.forwards - before
+        self.batch.draft_forwards += forwards
+        self.batch.time_draft += seconds
+        if self.decoder.draft_length is not None:
+            self.decoder.draft_length.observe_draft(seconds, forwards)
         return drafts
 
     def _draft_request(self, s: _Stream, policy: TreePolicy | None, k: int | None = None) -> DraftRequest:
@@ -408,6 +411,8 @@ class DecodeSession:
         for s, tokens in chunks:
             accepted[s.sid] = list(range(len(tokens)))
         self.runner.commit(accepted)
+        if self.decoder.draft_length is not None:
+            self.decoder.draft_length.observe_verify(time.perf_counter() - t, sum(len(st.tree) for st in trees))
         for i, ((s, tokens), logits) in enumerate(zip(chunks, out.logits[len(streams) :]), start=len(streams)):
             if out.hidden is not None:
                 s.unseen_hidden.append(out.hidden[i])

@@ -32,8 +32,21 @@ the n-gram it matched, keys an estimate of its own, and each stream's draft is c
 A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens while a
 1-gram guess at a sampled thought is dropped, where one estimate for both would keep or drop them together.
 
+The draft cost c is first the offline profile's (``spec/profile.py``: a draft forward timed back to back
+over a target forward at n = 1), then what the engine measures as it runs:
+
+    c = d / u,   d: seconds per draft forward (the proposer's whole call over its forwards),
+                 u: seconds per unit of t (a target step's seconds, verification included, over t(rows))
+
+both exponential moving averages (weight ``smoothing``). The running figure sees what the profile cannot:
+a draft's weights evicted from cache by each target forward, the proposer's host work (tree building,
+prompt lookup), a thread's own runtime. Each observation is capped at 4x the running d, so a stream's
+one-off prompt catch-up through the draft does not read as its step cost.
+
 Lossless: each verification is exact for whatever k it is given, and k depends only on outcomes already
-verified, so greedy output stays the target's and samples stay distributed as the target's.
+verified and past timings, so greedy output stays the target's and samples stay distributed as the target's.
+Deterministic (top-token) drafts give the same tokens whatever k; with a sampled draft the measured cost
+makes a seeded run's tokens depend on the timings (``learn_cost=False`` keeps them reproducible).
 
 Worked example: alpha = (0.8, 0.5, 0.5), t(n) = 1 for n <= 2, then 1 + 0.25 (n - 2); c = 0, one stream:
 G / T = 1, 1.8, 2.2 / 1.25 = 1.76, 2.4 / 1.5 = 1.6 for k = 0..3, so k* = 1.
@@ -123,9 +136,13 @@ class DraftLength:
         weight: float = 2.0,  # w
         decay: float = 0.98,  # gamma
         optimism: float = 1.0,  # z
+        smoothing: float = 0.05,  # weight of each new cost observation in c's moving averages
+        learn_cost: bool = True,  # False: keep ``draft_cost`` whatever the engine measures
     ) -> None:
         if not draft_cost >= 0.0:
             raise ValueError(f"the draft step cost must be >= 0, got {draft_cost}")
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must lie in (0, 1], got {smoothing}")
         if weight <= 0.0 or not 0.0 < decay <= 1.0 or optimism < 0.0:
             raise ValueError(f"need weight > 0, decay in (0, 1] and optimism >= 0, got {weight}, {decay}, {optimism}")
         self.priors = dict(priors) if priors else {0.0: 0.5}
@@ -139,7 +156,39 @@ class DraftLength:
             optimism,
         )
         self.estimates: dict[tuple[SamplingParams, int | None], AcceptanceEstimate] = {}
+        self.smoothing, self.learn_cost = smoothing, learn_cost
+        self._draft_seconds: float | None = None  # d: EMA of seconds per draft forward
+        self._unit_seconds: float | None = None  # u: EMA of seconds per unit of t
         self._lock = threading.Lock()
+
+    @property
+    def cost(self) -> float:
+        """c = d / u as measured so far, or the offline draft cost before both were observed."""
+        if not self.learn_cost or self._draft_seconds is None or not self._unit_seconds:
+            return self.draft_cost
+        return self._draft_seconds / self._unit_seconds
+
+    def observe_draft(self, seconds: float, forwards: int) -> None:
+        """One proposer call of ``forwards`` draft forwards took ``seconds`` (host work included)."""
+        if forwards <= 0:
+            return
+        with self._lock:
+            per = seconds / forwards
+            if self._draft_seconds is None:
+                self._draft_seconds = per
+            else:  # capped: a one-off prompt catch-up is not a step's cost
+                per = min(per, 4.0 * self._draft_seconds)
+                self._draft_seconds += self.smoothing * (per - self._draft_seconds)
+
+    def observe_verify(self, seconds: float, rows: int) -> None:
+        """One target forward over ``rows`` rows, verification included, took ``seconds``."""
+        if rows <= 0:
+            return
+        with self._lock:
+            unit = seconds / self.t_curve(rows)
+            self._unit_seconds = unit if self._unit_seconds is None else self._unit_seconds + self.smoothing * (
+                unit - self._unit_seconds
+            )
 
     def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
         """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting),
@@ -148,7 +197,7 @@ class DraftLength:
             estimate = self._estimate(sampling, match)
             estimate.step()
             alpha = estimate.optimistic(k_max, self.optimism)
-        return best_chain_length(alpha, k_max, self.t_curve, self.draft_cost, max(1, streams))
+        return best_chain_length(alpha, k_max, self.t_curve, self.cost, max(1, streams))
 
     def observe(self, sampling: SamplingParams, proposed: int, accepted: int, match: int | None = None) -> None:
         if proposed > 0:

@@ -27,6 +27,7 @@ one-layer draft accepts least. Both are deterministic, so one target forward ver
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -40,7 +41,7 @@ from spectot.models.draft_decoder import DraftDecoder
 from spectot.spec.proposers.base import Draft, DraftRequest
 from spectot.spec.proposers.ngram import graft, lookup_match
 from spectot.spec.sampling import SamplingParams, target_probs
-from spectot.spec.trees.dynamic import StaticPolicy, TreePolicy
+from spectot.spec.trees.dynamic import PCTPolicy, StaticPolicy, TreePolicy
 from spectot.spec.trees.shapes import chain_tree
 
 ChildSampling = Literal["top", "without_replacement", "with_replacement"]
@@ -68,6 +69,7 @@ class DraftDecoderProposer:
         name: str = "edd",
         prefix_tokens: int = 16384,  # draft KV of released streams kept for later prompts that extend them (0: off)
         lookup: int = 0,  # graft the prompt-lookup continuation of a match of >= this many tokens (0: off)
+        lookup_accept: float = 0.5,  # a: a grafted token's chance to be accepted, for PCT's joint selection
     ) -> None:
         if lookup < 0:
             raise ValueError(f"the prompt-lookup match length must be >= 0 (0: off), got {lookup}")
@@ -76,7 +78,9 @@ class DraftDecoderProposer:
         self.policy = policy
         self.children = children
         self.name = name
-        self.lookup = lookup
+        if not 0.0 <= lookup_accept <= 1.0:
+            raise ValueError(f"lookup_accept is a probability, got {lookup_accept}")
+        self.lookup, self.lookup_accept = lookup, lookup_accept
         self.forwards = 0
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
         self._head_ids = draft.head_ids
@@ -134,9 +138,17 @@ class DraftDecoderProposer:
                     still.append(r)
             active = still
             depth += 1
-        drafts = [self._to_draft(blocks[r.key], policies[r.key], mode) for r in requests]
-        if self.lookup and mode == "top":
-            drafts = [self._with_lookup(d, r, min(r.k, policies[r.key].max_depth)) for d, r in zip(drafts, requests)]
+        if not (self.lookup and mode == "top"):
+            return [self._to_draft(blocks[r.key], policies[r.key], mode) for r in requests]
+        drafts = []
+        for r in requests:
+            block, policy = blocks[r.key], policies[r.key]
+            branch = self._lookup_branch(r, min(r.k, policy.max_depth))
+            if isinstance(policy, PCTPolicy) and policy.verify_cost is not None:
+                # one selection over both branches: t(n) sizes the tree the target verifies
+                drafts.append(self._to_draft(block, policy, mode, branch))
+            else:
+                drafts.append(self._with_lookup(self._to_draft(block, policy, mode), branch))
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
@@ -204,8 +216,12 @@ class DraftDecoderProposer:
         block.frontier = frontier
         return bool(frontier)
 
-    def _to_draft(self, block: _Block, policy: TreePolicy, mode: ChildSampling) -> Draft:
-        keep = policy.finalize(block.parents, block.conf)
+    def _to_draft(self, block: _Block, policy: TreePolicy, mode: ChildSampling, branch: Sequence[int] = ()) -> Draft:
+        """The policy's pick of the block's nodes; with a lookup ``branch``, picked together with its nodes."""
+        conf = block.conf
+        if branch:
+            conf = _graft_into(block, branch, self.lookup_accept)
+        keep = policy.finalize(block.parents, conf)
         if keep[0] != 0:
             raise RuntimeError("a tree policy must keep the root")
         index = {old: new for new, old in enumerate(keep)}
@@ -213,7 +229,7 @@ class DraftDecoderProposer:
         tokens = torch.tensor([block.tokens[i] for i in nodes], dtype=torch.int64)
         parent_list = [index[block.parents[i]] - 1 for i in nodes]
         parents = torch.tensor(parent_list, dtype=torch.int64)
-        confidence = torch.tensor([block.prob[i] for i in nodes])
+        confidence = torch.tensor([block.prob[i] for i in nodes])  # NaN on grafted nodes
         # a chain goes out as a chain: verified by the chain rules, cut and learnt by the adaptive length
         chain = parent_list == list(range(-1, len(nodes) - 1))
         if mode == "top" or not nodes:
@@ -224,15 +240,19 @@ class DraftDecoderProposer:
             return Draft(tokens, q, confidence=confidence)
         return Draft(tokens, q, parents, rule=mode, confidence=confidence)
 
-    def _with_lookup(self, draft: Draft, r: DraftRequest, k: int) -> Draft:
-        """``draft`` with what the stream would copy grafted below its root (grafted nodes have no draft
-        confidence: NaN, left out of calibration). A chain it extends stays a chain."""
+    def _lookup_branch(self, r: DraftRequest, k: int) -> list[int]:
+        """What the stream would copy: the continuation of a trailing match of >= ``lookup`` tokens ([] if none)."""
         branch, _ = lookup_match(r.tokens, min(k, self._room(r)), max(3, self.lookup), self.lookup)
-        if not branch.numel():  # no match of >= lookup tokens
+        return branch.tolist()
+
+    def _with_lookup(self, draft: Draft, branch: list[int]) -> Draft:
+        """``draft`` with ``branch`` grafted below its root (grafted nodes have no draft confidence: NaN, left
+        out of calibration). A chain it extends stays a chain."""
+        if not branch:
             return draft
         chain = list(range(-1, draft.tokens.numel() - 1))
         parents = chain if draft.parents is None else draft.parents.tolist()
-        tokens, parents, new = graft(draft.tokens.tolist(), parents, branch.tolist())
+        tokens, parents, new = graft(draft.tokens.tolist(), parents, branch)
         if not new:
             return draft
         confidence = torch.cat([draft.confidence, torch.full((len(new),), float("nan"))])
@@ -251,6 +271,38 @@ class DraftDecoderProposer:
         """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
         if key in self._streams:
             self.prefixes.keep(self._streams.pop(key), self._committed.pop(key).tolist())
+
+
+def _graft_into(block: _Block, branch: Sequence[int], accept: float) -> list[float]:
+    """Hang ``branch`` below the block's root, sharing the nodes it agrees with (grafted nodes: NaN draft
+    probability, no q), and return every node's path confidence for a joint selection:
+
+        f(v) = f(parent) * max(p(v), a)   on the branch      (a: the lookup's per-token acceptance)
+        f(v) = f(parent) * p(v)           elsewhere           (p: the draft's probability, NaN -> 0)
+
+    so a node both predict counts once, at its likelier estimate, and its draft children inherit it.
+    Parents precede children, so one pass computes f. Worked example, a = 0.5: block root -> x (p 0.8)
+    -> y (p 0.6), branch [x, z]: z is new, f = [1, 0.8, 0.48, 0.4] for [root, x, y, z].
+    """
+    on_branch, node = set(), 0
+    children = {(parent, token): v for v, (parent, token) in enumerate(zip(block.parents, block.tokens)) if v}
+    for token in branch:
+        child = children.get((node, token))
+        if child is None:
+            child = len(block.tokens)
+            children[(node, token)] = child
+            block.tokens.append(token)
+            block.parents.append(node)
+            block.prob.append(float("nan"))
+            block.conf.append(0.0)
+            block.q.append(None)
+        on_branch.add(child)
+        node = child
+    conf = [1.0]
+    for v in range(1, len(block.tokens)):
+        p = 0.0 if math.isnan(block.prob[v]) else block.prob[v]
+        conf.append(conf[block.parents[v]] * (max(p, accept) if v in on_branch else p))
+    return conf
 
 
 def _draw(q: torch.Tensor, k: int, distinct: bool, generator: torch.Generator | None) -> torch.Tensor:
