@@ -399,7 +399,9 @@ class BenchDraftsOptions:
     pct_threshold: float = field(default=0.1, **opt("PCT expansion threshold s_d / s_t for EDD + PCT"))
     lookup: int = field(
         default=2,
-        **opt("rows EDD + lookup and EDD + PCT + lookup graft the prompt-lookup match of >= N tokens (0: no such rows)"),
+        **opt(
+            "rows EDD + lookup and EDD + PCT + lookup graft the prompt-lookup match of >= N tokens (0: no such rows)"
+        ),
     )
     ablation: tuple[str, ...] = field(
         default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")

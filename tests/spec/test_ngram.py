@@ -112,15 +112,15 @@ def test_proposer_drafts_each_request_deterministically() -> None:
     ("tokens", "parents", "branch", "expected"),
     [
         # the docstring example: the branch shares the chain's first node, then leaves it
-        ([5, 6, 7], [-1, 0, 1], [5, 8, 9], ([5, 6, 7, 8, 9], [-1, 0, 1, 0, 3], [3, 4])),
+        ([5, 6, 7], [-1, 0, 1], [5, 8, 9], ([5, 6, 7, 8, 9], [-1, 0, 1, 0, 3], [0, 3, 4])),
         # a branch the chain already holds adds nothing
-        ([5, 6, 7], [-1, 0, 1], [5, 6], ([5, 6, 7], [-1, 0, 1], [])),
+        ([5, 6, 7], [-1, 0, 1], [5, 6], ([5, 6, 7], [-1, 0, 1], [0, 1])),
         # one that runs past the chain's end extends it
-        ([5, 6], [-1, 0], [5, 6, 7], ([5, 6, 7], [-1, 0, 1], [2])),
+        ([5, 6], [-1, 0], [5, 6, 7], ([5, 6, 7], [-1, 0, 1], [0, 1, 2])),
         # a branch that disagrees at once hangs from the root
         ([5, 6], [-1, 0], [9, 6], ([5, 6, 9, 6], [-1, 0, -1, 2], [2, 3])),
         # in a tree it follows the sibling it agrees with (the second child of the root here)
-        ([5, 8, 6], [-1, -1, 0], [8, 2], ([5, 8, 6, 2], [-1, -1, 0, 1], [3])),
+        ([5, 8, 6], [-1, -1, 0], [8, 2], ([5, 8, 6, 2], [-1, -1, 0, 1], [1, 3])),
         # an empty draft becomes the branch
         ([], [], [4, 4], ([4, 4], [-1, 0], [0, 1])),
     ],

@@ -186,8 +186,10 @@ class DraftLength:
             return
         with self._lock:
             unit = seconds / self.t_curve(rows)
-            self._unit_seconds = unit if self._unit_seconds is None else self._unit_seconds + self.smoothing * (
-                unit - self._unit_seconds
+            self._unit_seconds = (
+                unit
+                if self._unit_seconds is None
+                else self._unit_seconds + self.smoothing * (unit - self._unit_seconds)
             )
 
     def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:

@@ -252,7 +252,8 @@ class DraftDecoderProposer:
             return draft
         chain = list(range(-1, draft.tokens.numel() - 1))
         parents = chain if draft.parents is None else draft.parents.tolist()
-        tokens, parents, new = graft(draft.tokens.tolist(), parents, branch)
+        tokens, parents, path = graft(draft.tokens.tolist(), parents, branch)
+        new = [v for v in path if v >= draft.tokens.numel()]
         if not new:
             return draft
         confidence = torch.cat([draft.confidence, torch.full((len(new),), float("nan"))])
@@ -284,20 +285,15 @@ def _graft_into(block: _Block, branch: Sequence[int], accept: float) -> list[flo
     Parents precede children, so one pass computes f. Worked example, a = 0.5: block root -> x (p 0.8)
     -> y (p 0.6), branch [x, z]: z is new, f = [1, 0.8, 0.48, 0.4] for [root, x, y, z].
     """
-    on_branch, node = set(), 0
-    children = {(parent, token): v for v, (parent, token) in enumerate(zip(block.parents, block.tokens)) if v}
-    for token in branch:
-        child = children.get((node, token))
-        if child is None:
-            child = len(block.tokens)
-            children[(node, token)] = child
-            block.tokens.append(token)
-            block.parents.append(node)
-            block.prob.append(float("nan"))
-            block.conf.append(0.0)
-            block.q.append(None)
-        on_branch.add(child)
-        node = child
+    # graft works on the tree below the root: node v of the block is node v - 1 there
+    tokens, parents, path = graft(block.tokens[1:], [p - 1 for p in block.parents[1:]], list(branch))
+    for v in range(len(block.tokens) - 1, len(tokens)):
+        block.tokens.append(tokens[v])
+        block.parents.append(parents[v] + 1)
+        block.prob.append(float("nan"))
+        block.conf.append(0.0)
+        block.q.append(None)
+    on_branch = {v + 1 for v in path}
     conf = [1.0]
     for v in range(1, len(block.tokens)):
         p = 0.0 if math.isnan(block.prob[v]) else block.prob[v]

@@ -56,22 +56,22 @@ def lookup_continuations(
 
 def graft(tokens: list[int], parents: list[int], branch: list[int]) -> tuple[list[int], list[int], list[int]]:
     """Hang the chain ``branch`` from the root of the tree (tokens, parents; -1 = the root), sharing the
-    nodes it agrees with: (tokens, parents, indices of the new nodes).
+    nodes it agrees with: (tokens, parents, the node of each branch token). Nodes from ``len(tokens)`` on are new.
 
     Example: tokens [5, 6, 7], parents [-1, 0, 1] (a chain), branch [5, 8, 9]
-    -> tokens [5, 6, 7, 8, 9], parents [-1, 0, 1, 0, 3], new [3, 4].
+    -> tokens [5, 6, 7, 8, 9], parents [-1, 0, 1, 0, 3], path [0, 3, 4] (3 and 4 new).
     """
-    tokens, parents, new = list(tokens), list(parents), []
+    tokens, parents, path = list(tokens), list(parents), []
     node_of = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
     parent = -1
     for token in branch:
         if (parent, token) not in node_of:
             node_of[(parent, token)] = len(tokens)
-            new.append(len(tokens))
             tokens.append(token)
             parents.append(parent)
         parent = node_of[(parent, token)]
-    return tokens, parents, new
+        path.append(parent)
+    return tokens, parents, path
 
 
 def trie(continuations: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
