@@ -174,23 +174,16 @@ class DraftLength:
             return
         with self._lock:
             per = seconds / forwards
-            if self._draft_seconds is None:
-                self._draft_seconds = per
-            else:  # capped: a one-off prompt catch-up is not a step's cost
+            if self._draft_seconds is not None:  # capped: a one-off prompt catch-up is not a step's cost
                 per = min(per, 4.0 * self._draft_seconds)
-                self._draft_seconds += self.smoothing * (per - self._draft_seconds)
+            self._draft_seconds = _moving_average(self._draft_seconds, per, self.smoothing)
 
     def observe_verify(self, seconds: float, rows: int) -> None:
         """One target forward over ``rows`` rows, verification included, took ``seconds``."""
         if rows <= 0:
             return
         with self._lock:
-            unit = seconds / self.t_curve(rows)
-            self._unit_seconds = (
-                unit
-                if self._unit_seconds is None
-                else self._unit_seconds + self.smoothing * (unit - self._unit_seconds)
-            )
+            self._unit_seconds = _moving_average(self._unit_seconds, seconds / self.t_curve(rows), self.smoothing)
 
     def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
         """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting),
@@ -211,3 +204,8 @@ class DraftLength:
             prior = self.priors[sampling.nearest(self.priors)]
             self.estimates[(sampling, match)] = AcceptanceEstimate(prior, self.weight, self.decay)
         return self.estimates[(sampling, match)]
+
+
+def _moving_average(average: float | None, value: float, weight: float) -> float:
+    """The first value as it is, then average + weight (value - average)."""
+    return value if average is None else average + weight * (value - average)

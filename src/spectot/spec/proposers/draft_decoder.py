@@ -252,11 +252,11 @@ class DraftDecoderProposer:
             return draft
         chain = list(range(-1, draft.tokens.numel() - 1))
         parents = chain if draft.parents is None else draft.parents.tolist()
-        tokens, parents, path = graft(draft.tokens.tolist(), parents, branch)
-        new = [v for v in path if v >= draft.tokens.numel()]
-        if not new:
+        tokens, parents, _ = graft(draft.tokens.tolist(), parents, branch)
+        added = len(tokens) - draft.tokens.numel()  # graft appends the new nodes
+        if not added:
             return draft
-        confidence = torch.cat([draft.confidence, torch.full((len(new),), float("nan"))])
+        confidence = torch.cat([draft.confidence, torch.full((added,), float("nan"))])
         as_tree = None if parents == list(range(-1, len(tokens) - 1)) else torch.tensor(parents)
         return Draft(torch.tensor(tokens, dtype=torch.int64), None, as_tree, confidence=confidence)
 
