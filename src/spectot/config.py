@@ -313,6 +313,13 @@ class TrainDraftOptions:
     seed: int = field(default=0, **opt("seed: data order and block lengths"))
     checkpoint_minutes: float = field(default=5.0, **opt("minutes between checkpoints"))
     resume: bool = field(default=False, **opt("continue from OUT/checkpoint.pt"))
+    init: str = field(
+        default="",
+        **opt(
+            "fine-tune: start from this draft's weights (a `train-draft` folder, or edd / vdm: the shipped ones); "
+            "its layers, hidden layer and head are kept"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.corpus:

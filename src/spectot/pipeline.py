@@ -320,11 +320,13 @@ def size_pct_trees(proposer: DraftDecoderProposer, costs: dict) -> None:
         proposer.policy = replace(proposer.policy, verify_cost=curve)
 
 
-def measure_solve_costs(pipe: Pipeline, proposer: Proposer) -> dict:
-    """A quick t(n) at powers of two and the draft cost c on this machine (a few seconds)."""
+def measure_solve_costs(pipe: Pipeline, proposer: Proposer, context: int = 256) -> dict:
+    """A quick t(n) at powers of two and the draft cost c on this machine (a few seconds), after
+    ``context`` tokens: where decoding runs (search prompts hold 300-500 tokens, GSM8K answers end at
+    100-350). Rows cost more after a long context: t(8) = 1.20 after 384 tokens, 1.09 after 64 (Zen 5)."""
     from spectot.spec.profile import measure_costs
 
-    return measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=64, reps=2)
+    return measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=context, reps=2)
 
 
 def tree_by_streams(

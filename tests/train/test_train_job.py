@@ -46,3 +46,41 @@ def test_features_are_extracted_once_per_corpus_file(tiny_checkpoint, tmp_path) 
     corpus(tmp_path / "a.jsonl", 1, 6)  # an edited file is a new corpus
     train(a, out="three")
     assert len([p for p in features.iterdir() if p.name.startswith("a-")]) == 2
+
+
+def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp_path) -> None:
+    """--init starts from a trained draft: its head and layers are kept (whatever the new corpus's
+    frequent tokens), its first loss is the trained draft's, not a fresh one's; a draft of another
+    kind, or a folder without one, is refused before any feature is extracted."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    a, b = corpus(tmp_path / "a.jsonl", 0, 8), corpus(tmp_path / "b.jsonl", 20, 8)
+    common = {"features": str(tmp_path / "features"), "head_vocab": 16, "layers": 1, "lr": 1e-2}
+    losses: dict[str, list[float]] = {}
+
+    def train(name: str, files: tuple[str, ...], **extra) -> dict:
+        seen = losses.setdefault(name, [])
+
+        def report(stage: str, done: int, total: int, **metrics) -> None:
+            if stage == "train":
+                seen.append(metrics["loss"])
+
+        options = TrainDraftOptions(corpus=files, out=str(tmp_path / name), epochs=4, **common, **extra)
+        return run_train_draft(model, options, report)
+
+    train("base", (a,))
+    train("fresh", (b,))
+    tuned = train("tuned", (b,), init=str(tmp_path / "base"))
+    head = lambda name: load_file(str(tmp_path / name / "draft.safetensors"))["head_ids"]  # noqa: E731
+    assert torch.equal(head("tuned"), head("base")) and not torch.equal(head("fresh"), head("base"))
+    assert tuned["draft"]["hidden_layer"] == -4 and tuned["options"]["init"] == str(tmp_path / "base")
+    assert losses["tuned"][0] < losses["fresh"][0]  # it starts where the trained draft left off
+
+    with pytest.raises(ValueError, match="holds a draft of kind edd: pass --kind edd"):
+        train("wrong_kind", (b,), init=str(tmp_path / "base"), kind="vdm")
+    with pytest.raises(ValueError, match="not a draft folder"):
+        train("no_draft", (b,), init=str(tmp_path))
+    assert not (tmp_path / "wrong_kind" / "train.json").exists()

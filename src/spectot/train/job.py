@@ -40,6 +40,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     out.mkdir(parents=True, exist_ok=True)
     target = load_model(model.target, dtype=model.dtype)
     tokenizer = target.tokenizer
+    init_folder = _starting_folder(options.init, model.target, options.kind, fingerprint(target.model))
 
     def encode_chat(text: str) -> list[int]:
         messages = [{"role": "user", "content": text}]
@@ -82,18 +83,22 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     del runner
 
     kind = options.kind
-    config = DraftDecoderConfig(
-        kind=kind,
-        num_layers=options.layers or (1 if kind == "edd" else 2),
-        hidden_layer=None if kind == "vdm" or not options.hidden_states else options.hidden_layer,
-        head_vocab=options.head_vocab,
-        target_fingerprint=fingerprint(target.model),
-        target_config=target.model.config.to_dict(),
-    )
     vocab = int(target.model.config.vocab_size)
-    head_ids = head_vocabulary(token_counts(sequences, vocab), options.head_vocab, target.eos_token_ids)
     master = target.model.float()  # the draft trains in fp32; embedding and head are the target's
-    draft = DraftDecoder.initialise(config, master, head_ids)
+    if init_folder:
+        draft = DraftDecoder.load(init_folder, master)
+        config, head_ids = draft.config, draft.head_ids
+    else:
+        config = DraftDecoderConfig(
+            kind=kind,
+            num_layers=options.layers or (1 if kind == "edd" else 2),
+            hidden_layer=None if kind == "vdm" or not options.hidden_states else options.hidden_layer,
+            head_vocab=options.head_vocab,
+            target_fingerprint=fingerprint(target.model),
+            target_config=target.model.config.to_dict(),
+        )
+        head_ids = head_vocabulary(token_counts(sequences, vocab), options.head_vocab, target.eos_token_ids)
+        draft = DraftDecoder.initialise(config, master, head_ids)
     settings = TrainSettings(
         block_min=options.block_min,
         block_max=options.block_max,
@@ -122,6 +127,24 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     }
     (out / "train.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _starting_folder(init: str, target_name: str, kind: str, target_fingerprint: str) -> Path | None:
+    """The folder of the draft ``--init`` names (None without one), checked before any feature is
+    extracted: it must be a draft of ``kind`` trained for this target."""
+    from spectot.pipeline import draft_decoder_folder
+
+    if not init:
+        return None
+    folder = draft_decoder_folder(init, target_name)
+    if folder is None:
+        raise ValueError(f"--init {init}: not a draft folder (no draft.json) nor a shipped draft (edd, vdm)")
+    config = json.loads((folder / "draft.json").read_text())
+    if config["kind"] != kind:
+        raise ValueError(f"--init {init} holds a draft of kind {config['kind']}: pass --kind {config['kind']}")
+    if config["target_fingerprint"] != target_fingerprint:
+        raise ValueError(f"--init {init} was trained for another target (embedding fingerprint differs)")
+    return folder
 
 
 def _features_name(path: str) -> str:
