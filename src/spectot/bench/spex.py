@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
+import statistics
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -124,9 +125,10 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
     return result
 
 
-def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> dict:
+def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32, rounds: int = 3) -> dict:
     """Generated tokens per second of the local engine with n requests in flight (``_k_total`` reads
-    SPEX's k_total off it)."""
+    SPEX's k_total off it): the median of ``rounds`` sweeps over the levels, so a drift in the machine's
+    speed during one sweep (seen here: 98 against 136 tokens/s solo in two runs) cannot move k_total."""
     from spectot.backends.base import CompletionRequest
     from spectot.backends.local import LocalEngineBackend
 
@@ -143,10 +145,12 @@ def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32) -> 
         finally:
             await backend.aclose()
 
-    throughput = [asyncio.run(rate(n)) for n in levels]
+    sweeps = [[asyncio.run(rate(n)) for n in levels] for _ in range(rounds)]
+    throughput = [statistics.median(sweep[i] for sweep in sweeps) for i in range(len(levels))]
     return {
         "concurrency": list(levels),
         "tokens_per_second": throughput,
+        "sweeps": sweeps,
     }
 
 
