@@ -158,3 +158,30 @@ def test_generate_out_refuses_another_jobs_file(capsys, checkpoint, tmp_path) ->
     code, _, err = run(capsys, *argv, "--method", "ar", "--out", str(out))
     assert code == 2 and "out.jsonl:2" in err and "another prompt" in err
     assert out.read_text() == other
+
+
+def test_tree_measure_counts_the_draft_alone(capsys, checkpoint, tmp_path) -> None:
+    """`tree measure` decodes with the star of the draft's W best tokens and nothing else: the lookup branch
+    that --draft edd grafts by default would add ranks past W (it crashed the count once)."""
+    import torch
+
+    from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
+    from spectot.models.loader import load_model
+
+    target = load_model(str(checkpoint), dtype="fp32").model
+    head_ids = torch.arange(target.config.vocab_size)
+    config = DraftDecoderConfig("edd", 1, -2, head_ids.numel(), fingerprint(target), target.config.to_dict())
+    draft = DraftDecoder.initialise(config, target, head_ids)
+    with torch.no_grad():  # a poor draft, so the target's loops are the lookup's to guess, not the star's
+        torch.manual_seed(0)
+        draft.hidden_proj.weight.normal_()
+    draft.save(tmp_path / "edd", head_ids)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"q": "w1 w2 w3 w1 w2 w3 w1 w2 w3 w1 w2"}) + "\n" for _ in range(2)))
+    argv = ["tree", "measure", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template"]
+    argv += ["--draft", str(tmp_path / "edd"), "--prompts", str(prompts), "--field", "q", "--offset", "0"]
+    code, out, _ = run(capsys, *argv, "--limit", "2", "--width", "1", "--max-new-tokens", "60")
+    assert code == 0
+    result = json.loads(out)
+    assert len(result["acceptance"]) == 1 and result["visits"] > 0
+    assert sum(result["acceptance"]) <= 1.0 + 1e-9  # at most one rank is accepted per visit

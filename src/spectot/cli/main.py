@@ -342,9 +342,10 @@ def _tree_tool(args: argparse.Namespace) -> int:
         from spectot.data.jsonl import read_field
         from spectot.spec.sampling import SamplingParams
 
-        # a fixed tree: the measurement is of the draft, not of what adaptive k would make of it
+        # a fixed star: the measurement is of the draft, not of what adaptive k or a grafted lookup branch
+        # (ranks past the width) would make of it
         pipe = Pipeline.from_options(
-            model, replace(draft, tree="k_config", k_config=str(options.width), adaptive_k=False)
+            model, replace(draft, tree="k_config", k_config=str(options.width), adaptive_k=False, lookup=0)
         )
         texts = read_field(options.prompts, options.field_name, options.offset + options.limit)[options.offset :]
         result = trees.measure_acceptance(
