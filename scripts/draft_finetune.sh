@@ -41,19 +41,4 @@ done
 spectot train-draft $CORPUS --init $FROM --features $WORK/features --dtype bf16 --threads 2 --precision bf16 \
   --lr 3e-4 --kind edd --epochs 3 --out $WORK/edd --resume
 
-for T in 0.0 0.6 1.0; do
-  spectot tree measure --draft $WORK/edd --width 8 --temperature $T --out $WORK/acceptance_$T.json > /dev/null
-done
-python - "$WORK" <<'PY'
-import json, sys
-work = sys.argv[1]
-table = {t: json.load(open(f"{work}/acceptance_{t}.json"))["acceptance"] for t in ("0.0", "0.6", "1.0")}
-record = {
-    "acceptance": table["0.0"],
-    "temperature": 0.0,
-    "source": "spectot tree measure --draft edd --width 8 --temperature T (T = 0, 0.6, 1; 8 GSM8K test questions "
-    "from offset 100, 128 new tokens each)",
-    "acceptance_by_temperature": table,
-}
-json.dump(record, open(f"{work}/edd/acceptance.json", "w"), indent=1)
-PY
+scripts/draft_acceptance.sh $WORK/edd
