@@ -9,13 +9,19 @@ import pytest
 import torch
 
 from spectot.engine.kernels import bf16_linear, tree_attention
-from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.runner import ModelRunner, SpectotMatmul, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.decoding import DecodeConfig, Decoder
 from spectot.spec.proposers.ngram import NgramProposer
 
-kernel = bf16_linear()
-pytestmark = pytest.mark.skipif(kernel is None, reason="needs an x86 CPU with AVX2 + FMA and a C++ toolchain")
+module = bf16_linear()
+pytestmark = pytest.mark.skipif(module is None, reason="needs an x86 CPU with AVX2 + FMA and a C++ toolchain")
+
+
+def kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b through the kernel's own layout (packed once, as the runner does)."""
+    matmul = SpectotMatmul(module)
+    return matmul(x, matmul.prepare(w, b))
 
 
 @pytest.mark.parametrize("in_features", [64, 37, 8, 5])

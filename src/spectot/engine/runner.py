@@ -72,28 +72,62 @@ def fused_attention(
 LinearKernel = Literal["auto", "torch", "spectot"]
 
 
-def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> Callable:
+@dataclass(frozen=True)
+class Weight:
+    """A linear layer's weight and bias in the layout the runner's matmul reads (``Matmul.prepare``)."""
+
+    data: torch.Tensor
+    bias: torch.Tensor | None
+    out_features: int
+
+
+class TorchMatmul:
+    """torch's ``F.linear`` over the checkpoint's own tensors (fp32, GPUs, CPUs with AMX)."""
+
+    def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
+        return Weight(weight, bias, weight.shape[0])
+
+    def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w.data, w.bias)
+
+
+class SpectotMatmul:
+    """spectot's batch-invariant bf16 kernel (``kernels/bf16_linear.cpp``). With AVX512-BF16 it reads
+    weights packed once here into panels whose vector lanes are output columns: the runner then holds
+    each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
+    model), and a weight changed after the runner was built is not seen."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
+        with torch.no_grad():
+            return Weight(self._module.pack(weight.detach()), bias, weight.shape[0])
+
+    def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
+        return self._module.linear(x, w.data, w.bias, w.out_features)
+
+
+def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> TorchMatmul | SpectotMatmul:
     """The matmul the runner uses: spectot's batch-invariant bf16 kernel on CPUs without AMX ("auto"
     picks it there: without native bf16, torch's kernel converts the weights for every row; with
-    AVX512-BF16 but no AMX, measured on a 2-core Zen 5, spectot's vdpbf16ps tiles run one SmolLM2 forward
-    in 9.1 ms against torch's 15.8-18.5 ms, and stay faster up to 16 rows), else torch's ``F.linear``
-    (oneDNN's AMX kernels: t(64) = 2 t(1) on a 2-core Xeon)."""
-    from torch.nn.functional import linear
-
+    AVX512-BF16 but no AMX, measured on a 2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms
+    at 1 row and 13-14 ms at 6 with spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40
+    ms with torch's kernels and ops), else torch's ``F.linear`` (oneDNN's AMX kernels: t(64) = 2 t(1) on a 2-core Xeon)."""
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
         if choice == "spectot":
             raise ValueError("the spectot linear kernel is for bf16 on the CPU; use --kernels torch or --dtype bf16")
-        return linear
+        return TorchMatmul()
     from spectot.engine.kernels import bf16_linear, cpu_has
 
     if choice == "auto" and cpu_has("amx_bf16"):
-        return linear
-    kernel = bf16_linear()
-    if kernel is None:
+        return TorchMatmul()
+    module = bf16_linear()
+    if module is None:
         if choice == "spectot":
             raise ValueError("the spectot bf16 kernel needs an x86 CPU with AVX2 + FMA and a C++ compiler")
-        return linear
-    return kernel
+        return TorchMatmul()
+    return SpectotMatmul(module)
 
 
 def pick_decoder_ops(config: Any, dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> Any | None:
@@ -143,43 +177,33 @@ def _fuse(modules: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer as fused weights and plain callables: the hot loop does no module lookups."""
+    """One decoder layer as its matmul's weights and plain callables: the hot loop does no module lookups."""
 
     input_norm: Callable
-    qkv_weight: torch.Tensor  # (H_q*D + 2*H_kv*D, hidden): q, k, v projections, fused
-    qkv_bias: torch.Tensor | None
+    qkv: Weight  # (H_q*D + 2*H_kv*D, hidden): q, k, v projections, fused
     q_norm: Callable | None
     k_norm: Callable | None
-    o_weight: torch.Tensor
-    o_bias: torch.Tensor | None
+    o: Weight
     scaling: float
     post_norm: Callable
-    gate_up_weight: torch.Tensor  # (2 * intermediate, hidden): gate then up, fused
-    gate_up_bias: torch.Tensor | None
-    down_weight: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Weight  # (2 * intermediate, hidden): gate then up, fused
+    down: Weight
     act: Callable
 
     @classmethod
     @torch.no_grad()
-    def of(cls, layer: Any) -> _Layer:
+    def of(cls, layer: Any, matmul: TorchMatmul | SpectotMatmul) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv_weight, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up_weight, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
         return cls(
             input_norm=layer.input_layernorm,
-            qkv_weight=qkv_weight,
-            qkv_bias=qkv_bias,
+            qkv=matmul.prepare(*_fuse([attn.q_proj, attn.k_proj, attn.v_proj])),
             q_norm=getattr(attn, "q_norm", None),
             k_norm=getattr(attn, "k_norm", None),
-            o_weight=attn.o_proj.weight,
-            o_bias=attn.o_proj.bias,
+            o=matmul.prepare(attn.o_proj.weight, attn.o_proj.bias),
             scaling=float(attn.scaling),
             post_norm=layer.post_attention_layernorm,
-            gate_up_weight=gate_up_weight,
-            gate_up_bias=gate_up_bias,
-            down_weight=mlp.down_proj.weight,
-            down_bias=mlp.down_proj.bias,
+            gate_up=matmul.prepare(*_fuse([mlp.gate_proj, mlp.up_proj])),
+            down=matmul.prepare(mlp.down_proj.weight, mlp.down_proj.bias),
             act=mlp.act_fn,
         )
 
@@ -286,16 +310,18 @@ class ModelRunner:
         # per call (~25 us a forward, 6-7 % of a one-layer draft's); not for RoPE that rescales with length
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_cached = "dynamic" not in rope_type and rope_type != "longrope"
-        self._lm_head = model.get_output_embeddings()
+        lm_head = model.get_output_embeddings()
+        self.dtype = lm_head.weight.dtype
+        self.device = lm_head.weight.device
+        self._linear = pick_linear(self.dtype, self.device, kernels)
+        self._lm_head = self._linear.prepare(lm_head.weight, lm_head.bias)
         attn = inner.layers[0].self_attn
         self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.head_dim = int(attn.head_dim)
         self.num_kv_heads = int(config.num_key_value_heads)
-        self._layers = [_Layer.of(layer) for layer in inner.layers]
+        self._layers = [_Layer.of(layer, self._linear) for layer in inner.layers]
         self._kv_size = self.num_kv_heads * self.head_dim
-        self._q_heads = (self._layers[0].qkv_weight.shape[0] - 2 * self._kv_size) // self.head_dim
-        self.dtype = self._lm_head.weight.dtype
-        self.device = self._lm_head.weight.device
+        self._q_heads = (self._layers[0].qkv.out_features - 2 * self._kv_size) // self.head_dim
         self.cache = FlatKVCache(
             num_layers=len(self._layers),
             num_kv_heads=self.num_kv_heads,
@@ -305,16 +331,19 @@ class ModelRunner:
             capacity=capacity,
         )
         self._pending: _Pending | None = None
-        self._linear = pick_linear(self.dtype, self.device, kernels)
         self._attend = batch_invariant_attention if exact_attention else fused_attention
         self._attention_dtype = torch.float64 if exact_attention else self.dtype
         self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim)
         self._ops = pick_decoder_ops(config, self.dtype, self.device, kernels)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x W^T (+ b) with the runner's matmul (a draft's own projections run on the same kernel)."""
+    def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
+        """A weight in the layout of the runner's matmul, for ``linear`` (a draft's own projections)."""
+        return self._linear.prepare(weight, bias)
+
+    def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
+        """x W^T (+ b) with the runner's matmul, over a ``prepare_linear`` weight."""
         with torch.inference_mode():
-            return self._linear(x, weight, bias)
+            return self._linear(x, weight)
 
     # -- streams ---------------------------------------------------------------------------
     def new_stream(self, fork_of: int | None = None) -> int:
@@ -462,7 +491,7 @@ class ModelRunner:
         if final_hidden:
             hidden = x
             x = x if rows is None else x[rows]
-        return linear(x, self._lm_head.weight, self._lm_head.bias), hidden
+        return linear(x, self._lm_head), hidden
 
     def _cos_sin(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary module's (1, N, D) cos and sin at ``positions``, from a table grown on demand."""
@@ -483,11 +512,11 @@ class ModelRunner:
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU: down(act(gate(x)) * up(x))."""
-        gate_up = self._linear(x, layer.gate_up_weight, layer.gate_up_bias)
+        gate_up = self._linear(x, layer.gate_up)
         if self._ops is not None:
-            return self._linear(self._ops.silu_mul(gate_up), layer.down_weight, layer.down_bias)
+            return self._linear(self._ops.silu_mul(gate_up), layer.down)
         gate, up = gate_up.chunk(2, -1)
-        return self._linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)
+        return self._linear(layer.act(gate) * up, layer.down)
 
     def _attention(
         self,
@@ -500,7 +529,7 @@ class ModelRunner:
         start: int,
     ) -> torch.Tensor:
         n_rows = x.shape[1]
-        qkv = self._linear(x, layer.qkv_weight, layer.qkv_bias)
+        qkv = self._linear(x, layer.qkv)
         new = self.cache.buffer[index, start : start + n_rows]  # (N, 2, H_kv, D)
         if self._ops is not None:  # rotary q and k, k and v into the new slots, in one call
             q = self._ops.rope_store(qkv.view(n_rows, -1), cos[0], sin[0], new, self._q_heads, self.num_kv_heads)[None]
@@ -516,7 +545,7 @@ class ModelRunner:
         kv = self.cache.buffer[index]  # (capacity, 2, H_kv, D)
         if isinstance(layout, _RowColumns):  # the native kernel reads each row's slots in place
             out = self._kernel(q[0].contiguous(), kv, layout.columns, layout.row_ptr, layer.scaling)
-            return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o_weight, layer.o_bias)
+            return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o)
         group = q.shape[1] // self.num_kv_heads
         parts = []
         for batch in layout:  # each stream attends only to its own slots
@@ -530,7 +559,7 @@ class ModelRunner:
             out = out.view(self.num_kv_heads, b, group, n, -1).transpose(1, 2).reshape(q.shape[1], b * n, -1)
             parts.append(out[:, batch.real])
         out = torch.cat(parts, 1) if len(parts) > 1 else parts[0]  # (H, N, D)
-        return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o_weight, layer.o_bias)
+        return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o)
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:

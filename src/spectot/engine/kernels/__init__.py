@@ -2,7 +2,7 @@
 
 ``bf16_linear`` (``bf16_linear.cpp``): a batch-invariant bf16 matmul for x86 CPUs without AMX: AVX2 +
 FMA (where the library kernel's cost grows with every input row), built with AVX512-BF16 where the CPU
-has it (native bf16 pairs, no conversions).
+has it (native bf16 pairs over weights packed once, no conversions, no horizontal sums).
 
 ``tree_attention`` (``tree_attention.cpp``): batch-invariant attention of query rows over CSR lists
 of KV-cache slots (bf16 or fp32, GQA): a row's output depends only on its query and the K/V rows at
@@ -67,9 +67,10 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False) -> Any | 
 
 
 @cache  # one build per process; the compiled module is immutable
-def bf16_linear() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
-    module = _build_avx2("bf16_linear", "torch's bf16 matmul", avx512_bf16=cpu_has("avx512_bf16"))
-    return None if module is None else module.bf16_linear
+def bf16_linear() -> Any | None:
+    """The module with ``pack(W) -> packed`` (once per weight (N, K) bf16) and ``linear(x, packed, bias,
+    N) -> x W^T + b`` (bf16, batch-invariant), or None where it cannot be built."""
+    return _build_avx2("bf16_linear", "torch's bf16 matmul", avx512_bf16=cpu_has("avx512_bf16"))
 
 
 @cache  # one build per process; the compiled module is immutable

@@ -85,6 +85,8 @@ class DraftDecoderProposer:
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
         self._head_ids = draft.head_ids
         self._embedding = draft.model.get_input_embeddings().weight
+        proj = draft.hidden_proj
+        self._hidden_proj = None if proj is None else runner.prepare_linear(proj.weight, proj.bias)
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
         self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens in the draft's cache
@@ -169,15 +171,16 @@ class DraftDecoderProposer:
         the chain's input vectors: the target's hidden states of those tokens through the draft's
         projection, then the pending token's embedding."""
         tokens = r.tokens[self._committed[r.key].numel() : -1]
-        if self.draft.hidden_proj is None:
+        if self._hidden_proj is None:
             return tokens, None
         # the request's hidden states end at the last committed token; a stream forked from a kept prefix
         # needs only the rows past it
         if r.hidden is None or r.hidden.shape[0] < tokens.numel():
             got = None if r.hidden is None else r.hidden.shape[0]
             raise RuntimeError(f"EDD needs the target's hidden states of {tokens.numel()} new tokens, got {got}")
-        weight = self.draft.hidden_proj.weight
-        vectors = self.runner.linear(r.hidden[r.hidden.shape[0] - tokens.numel() :].to(weight.dtype), weight)
+        vectors = self.runner.linear(
+            r.hidden[r.hidden.shape[0] - tokens.numel() :].to(self.runner.dtype), self._hidden_proj
+        )
         pending = self._embedding[r.tokens[-1:]]
         return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
 
