@@ -83,7 +83,7 @@ def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torc
     one each). Returns out (H, N, D) fp32, out[h, r] = softmax(scale * q[h, r] k^T) v over those slots.
     Raises RuntimeError on inputs it does not take (the caller falls back to torch).
     """
-    module = _build_avx2("tree_attention", "torch attention")
+    module = _build_avx2("tree_attention", "torch attention", avx512_bf16=cpu_has("avx512_bf16"))
     return None if module is None else module.tree_attention
 
 

@@ -12,6 +12,10 @@
 //   scores: 8 fp32 lanes over d mod 8 (FMA chain over d blocks), then a fixed horizontal sum;
 //   softmax: max over the columns, exp lane-wise in fp32 (exp8), sum of exp in column order in double;
 //   output: acc[d] = fma(p_j, v[c_j, d], acc[d]) in column order, vectorised over d only.
+// Built with AVX512-BF16 (and D a multiple of 32), bf16 inputs take a wider path: scores as 16-lane
+// vdpbf16ps chains over d (q and k stay bf16, products exact in fp32), 16 keys' chains then summed by one
+// fixed transpose-and-add tree (reduce16); values as the same per-element FMA chains in column order, 16
+// lanes at a time (bit-identical to the 8-lane ones). A key's score still depends only on q and that key.
 // Tiling (several heads or columns per register tile) and threading (which thread owns a row) never
 // change that order, so a row's output depends only on q[h, r], scale and the K/V rows at its
 // columns, in order: not on the batch, the number of rows, the thread count or the slot numbers.
@@ -22,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
@@ -174,6 +179,91 @@ void attend_heads(const float* q, int64_t D, const T* const* k, const T* const* 
   value_heads<GB>(s, ld, v, L, D, den, out, out_stride);
 }
 
+#ifdef __AVX512BF16__
+// 16 accumulators, one per key -> their 16 horizontal sums, key i in lane i, by one fixed tree: 256-bit
+// halves, then 128-bit quarters, then pairs inside quarters twice (the same additions for every key).
+inline __m512 reduce16(const __m512* a) {
+  __m512 w[8], x[4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // w[i]: key 2i in quarters 0-1, key 2i+1 in 2-3 (8 partial sums each)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // x[i]: quarter q holds key 4i+q (4 partial sums)
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+  const __m512 lo = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+  const __m512 hi = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+  const __m512 r = _mm512_add_ps(_mm512_unpacklo_ps(lo, hi), _mm512_unpackhi_ps(lo, hi));
+  // lane 4q + p of r holds key q + {0, 8, 4, 12}[p]
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+// s[j] = scale * dot(q, k[j]) for all L keys of one head, 16 keys at a time (the last block repeats its
+// last key in the unused lanes and stores only the real ones).
+inline void score_bf16(const uint16_t* q, int64_t D, const uint16_t* const* k, int64_t L, float scale, float* s) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < L; j0 += 16) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        acc[i] = _mm512_dpbf16_ps(acc[i], qv, (__m512bh)_mm512_loadu_si512(k[std::min<int64_t>(j0 + i, L - 1)] + d));
+    }
+    const int64_t n = std::min<int64_t>(16, L - j0);
+    _mm512_mask_storeu_ps(s + j0, n == 16 ? 0xffff : (1u << n) - 1, _mm512_mul_ps(reduce16(acc), sc));
+  }
+}
+
+inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> 16 fp32, exact
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// value_tile's FMA chains, 16 lanes at a time: dims [offset, offset + 16 * DB).
+template <int GB, int DB>
+inline __attribute__((always_inline)) void value_tile16(const float* p, int64_t ld, const uint16_t* const* v,
+                                                        int64_t offset, int64_t L, const float* den, float* out,
+                                                        int64_t out_stride) {
+  __m512 acc[GB][DB];
+#pragma GCC unroll 4
+  for (int g = 0; g < GB; ++g)
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) acc[g][b] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < L; ++j) {
+    __m512 pj[GB];
+#pragma GCC unroll 4
+    for (int g = 0; g < GB; ++g) pj[g] = _mm512_set1_ps(p[g * ld + j]);
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) {
+      const __m512 vv = load16(v[j] + offset + 16 * b);
+#pragma GCC unroll 4
+      for (int g = 0; g < GB; ++g) acc[g][b] = _mm512_fmadd_ps(pj[g], vv, acc[g][b]);
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    const __m512 dg = _mm512_set1_ps(den[g]);
+    for (int b = 0; b < DB; ++b) _mm512_storeu_ps(out + g * out_stride + offset + 16 * b, _mm512_div_ps(acc[g][b], dg));
+  }
+}
+
+// attend_heads for bf16 with D a multiple of 32; q[g] points at head g's bf16 query row.
+template <int GB>
+void attend_heads_bf16(const uint16_t* const* q, int64_t D, const uint16_t* const* k, const uint16_t* const* v,
+                       int64_t L, float scale, float* s, int64_t ld, float* out, int64_t out_stride) {
+  float den[GB];
+  for (int g = 0; g < GB; ++g) score_bf16(q[g], D, k, L, scale, s + g * ld);
+  softmax_numerators<GB>(s, ld, L, den);
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) value_tile16<GB, 4>(s, ld, v, d, L, den, out, out_stride);
+  for (; d < D; d += 16) value_tile16<GB, 1>(s, ld, v, d, L, den, out, out_stride);
+}
+#endif
+
 // Scratch one thread reuses across its tasks.
 struct Scratch {
   std::vector<float> q;        // (G, D) the group's query rows in fp32
@@ -188,11 +278,6 @@ void attend_group(const Problem<T>& pb, int64_t r, int64_t hk, Scratch& scratch)
   const int64_t G = pb.H / pb.H_kv, D = pb.D, N = pb.N;
   const int64_t first = pb.row_ptr[r], L = pb.row_ptr[r + 1] - first, ld = (L + 7) / 8 * 8;
   const int64_t slot_stride = 2 * pb.H_kv * D;
-  float* q = scratch.q.data();
-  for (int64_t g = 0; g < G; ++g) {
-    const T* src = pb.q + ((hk * G + g) * N + r) * D;
-    for (int64_t d = 0; d < D; ++d) q[g * D + d] = to_float(src[d]);
-  }
   const T** k = reinterpret_cast<const T**>(scratch.k.data());
   const T** v = reinterpret_cast<const T**>(scratch.v.data());
   for (int64_t j = 0; j < L; ++j) {
@@ -202,6 +287,28 @@ void attend_group(const Problem<T>& pb, int64_t r, int64_t hk, Scratch& scratch)
   }
   float* s = scratch.s.data();
   float* out = pb.out + (hk * G * N + r) * D;  // query head hk*G + g at out + g * N * D
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (D % 32 == 0) {
+      for (int64_t g = 0; g < G; g += 3) {
+        const uint16_t* q[3];
+        for (int64_t i = 0; i < 3 && g + i < G; ++i) q[i] = pb.q + ((hk * G + g + i) * N + r) * D;
+        float* og = out + g * N * D;
+        switch (std::min<int64_t>(3, G - g)) {
+          case 3: attend_heads_bf16<3>(q, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+          case 2: attend_heads_bf16<2>(q, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+          default: attend_heads_bf16<1>(q, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+        }
+      }
+      return;
+    }
+  }
+#endif
+  float* q = scratch.q.data();
+  for (int64_t g = 0; g < G; ++g) {
+    const T* src = pb.q + ((hk * G + g) * N + r) * D;
+    for (int64_t d = 0; d < D; ++d) q[g * D + d] = to_float(src[d]);
+  }
   for (int64_t g = 0; g < G; g += 3) {
     const float* qg = q + g * D;
     float* og = out + g * N * D;
