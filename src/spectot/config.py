@@ -90,8 +90,8 @@ class ModelOptions:
     kernels: Kernels = field(
         default="auto",
         **opt(
-            "matmul kernels: 'auto' uses spectot's batch-invariant AVX2 bf16 kernel on CPUs without native bf16 "
-            "(tree forwards then cost about one token), 'torch' always uses torch's"
+            "bf16 kernels on the CPU: 'auto' uses spectot's batch-invariant matmul (AVX2, or AVX512-BF16 where "
+            "the CPU has it) and fused layer ops on CPUs without AMX, 'spectot' always, 'torch' never"
         ),
     )
     prefix_cache: int = field(

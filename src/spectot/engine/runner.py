@@ -429,6 +429,10 @@ class ModelRunner:
         for st, o in zip(trees, offsets):
             n = len(st.tree)
             old = self.cache.slots(st.stream).numpy()
+            if n == 1:  # an AR step or a draft's chain step: the stream's slots, then its one new slot
+                values += [old, np.array([start + o])]
+                counts.append([old.size + 1])
+                continue
             columns = np.concatenate(
                 [np.broadcast_to(old, (n, old.size)), np.broadcast_to(np.arange(start + o, start + o + n), (n, n))], 1
             )

@@ -110,10 +110,14 @@ class DraftDecoder(nn.Module):
         cfg._attn_implementation = "sdpa"
         embed = target.get_input_embeddings().weight.detach()
         dtype = embed.dtype
+        # built with a one-token vocabulary, then given the target's embedding and the head's rows: randomly
+        # initialising a full-size embedding and head first took a second per load
+        pad, cfg.vocab_size, cfg.pad_token_id = cfg.pad_token_id, 1, None
         self.model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-        self.model.model.embed_tokens.weight = nn.Parameter(embed, requires_grad=False)
+        cfg.vocab_size, cfg.pad_token_id = embed.shape[0], pad
+        self.model.model.embed_tokens = nn.Embedding(embed.shape[0], embed.shape[1], pad, _weight=embed, _freeze=True)
         head = target.get_output_embeddings().weight.detach()
-        self.model.lm_head = nn.Linear(head.shape[1], head_ids.numel(), bias=False, dtype=dtype)
+        self.model.lm_head = nn.Linear(head.shape[1], head_ids.numel(), bias=False, device="meta")
         self.model.lm_head.weight = nn.Parameter(head[head_ids].clone(), requires_grad=False)
         self.register_buffer("head_ids", head_ids.to(torch.int64), persistent=False)
         width = embed.shape[1]
