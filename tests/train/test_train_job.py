@@ -67,14 +67,15 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
     train("base", (a,))
     train("fresh", (b,))
     tuned = train("tuned", (b,), init=str(tmp_path / "base"))
-    head = lambda name: load_file(str(tmp_path / name / "draft.safetensors"))["head_ids"]  # noqa: E731
-    assert torch.equal(head("tuned"), head("base")) and not torch.equal(head("fresh"), head("base"))
+    weights = lambda name: load_file(str(tmp_path / name / "draft.safetensors"))  # noqa: E731
+    base, fresh = weights("base"), weights("fresh")
+    assert torch.equal(weights("tuned")["head_ids"], base["head_ids"])
+    assert not torch.equal(fresh["head_ids"], base["head_ids"])
     assert tuned["draft"]["hidden_layer"] == -4 and tuned["options"]["init"] == str(tmp_path / "base")
     # it starts where the trained draft left off: at a learning rate too small to move a weight, the
     # result is the trained draft itself (a fresh start at that rate would keep the target's layers)
     train("kept", (b,), init=str(tmp_path / "base"), lr=1e-12)
-    weights = lambda name: load_file(str(tmp_path / name / "draft.safetensors"))  # noqa: E731
-    base, kept, fresh = weights("base"), weights("kept"), weights("fresh")
+    kept = weights("kept")
     assert kept.keys() == base.keys()
     assert all(torch.allclose(kept[k], base[k], rtol=0, atol=1e-9) for k in base)
     layer = next(k for k in base if "layers.0.mlp.down_proj" in k)
