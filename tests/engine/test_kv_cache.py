@@ -235,3 +235,52 @@ def test_drop_tail_frees_a_scratch_forward_and_refuses_held_slots() -> None:
     with pytest.raises(RuntimeError, match="still held"):
         cache.drop_tail(2)
     assert cache.used == 3
+
+
+@pytest.mark.parametrize("shift_slots", [2, 256])
+def test_random_forks_holds_truncations_and_releases_keep_every_stream_reading_its_own_tokens(
+    monkeypatch, shift_slots: int
+) -> None:
+    """Against a plain list of markers per stream: after every operation each live stream reads exactly its
+    tokens in order, and the highest slot a shift consults (``top``) is its path's maximum."""
+    import random
+
+    import spectot.engine.kv_cache as kv
+
+    monkeypatch.setattr(kv, "SHIFT_SLOTS", shift_slots)
+    rng = random.Random(0)
+    cache = make_cache(capacity=8)
+    expected: dict[int, list[int]] = {}
+    marker = 1
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.15 or not expected:
+            parent = rng.choice([None, *expected]) if expected else None
+            sid = cache.new_stream(fork_of=parent)
+            expected[sid] = [] if parent is None else list(expected[parent])
+        elif op < 0.55:  # a forward appends a few tokens to some streams and keeps a prefix of each
+            chosen = rng.sample(list(expected), min(len(expected), rng.randint(1, 3)))
+            sizes = [rng.randint(1, 3) for _ in chosen]
+            written = dict(zip(chosen, write(cache, sum(sizes), marker).split(sizes)))  # one reserve, as a forward
+            keep = torch.zeros(cache.used, dtype=torch.bool)
+            for sid, slots in written.items():
+                kept = slots[: rng.randint(0, slots.numel())]
+                cache.hold(sid, kept)
+                keep[kept] = True
+                expected[sid] += list(range(marker, marker + kept.numel()))
+                marker += slots.numel()
+            first = int(min(s.min() for s in written.values()))
+            cache.remove((~keep[first:]).nonzero().squeeze(1) + first)  # the forward's rejected rows
+        elif op < 0.75:
+            sid = rng.choice(list(expected))
+            length = rng.randint(0, len(expected[sid]))
+            cache.truncate(sid, length)
+            expected[sid] = expected[sid][:length]
+        else:
+            sid = rng.choice(list(expected))
+            cache.release(sid)
+            del expected[sid]
+        for sid, tokens in expected.items():
+            slots = cache.slots(sid)
+            assert markers(cache, slots) == tokens
+            assert cache.streams[sid].top == (int(slots.max()) if slots.numel() else -1)

@@ -131,6 +131,28 @@ def test_a_draft_measured_expensive_is_switched_off() -> None:
     assert length.choose(HOT, 5) == 0
 
 
+def test_t_is_corrected_by_the_forwards_the_engine_times() -> None:
+    """The profile says rows are free (flat t_0), so two streams draft; the engine's forwards of 4 rows take
+    twice those of 2 (several streams' contexts to read): once ``min_seen`` of each were timed, t(4) / t(2) = 2
+    and at alpha = 0.5, G(1) / T(1) = 1.5 / 2 < 1, so k* falls to 0."""
+    length = DraftLength(flat, priors={1.0: 0.5}, optimism=0.0, min_seen=3)
+    assert length.choose(HOT, 1, streams=2) == 1
+    for _ in range(2):
+        length.observe_verify(0.010, 2)
+        length.observe_verify(0.020, 4)
+    assert length.t(4) == length.t(2) == 1.0  # seen twice each: the profile still
+    assert length.choose(HOT, 1, streams=2) == 1
+    length.observe_verify(0.010, 2)
+    length.observe_verify(0.020, 4)
+    assert length.t(4) / length.t(2) == pytest.approx(2.0)
+    assert length.t(8) == 1.0  # never timed: t_0
+    assert length.choose(HOT, 1, streams=2) == 0
+    pinned = DraftLength(flat, priors={1.0: 0.5}, optimism=0.0, min_seen=1, learn_cost=False)
+    pinned.observe_verify(0.010, 2)
+    pinned.observe_verify(0.020, 4)
+    assert pinned.t(4) == 1.0 and pinned.choose(HOT, 1, streams=2) == 1
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -140,6 +162,7 @@ def test_a_draft_measured_expensive_is_switched_off() -> None:
         dict(optimism=-1.0),
         dict(priors={0.0: 1.5}),
         dict(smoothing=0.0),
+        dict(min_seen=0),
     ],
 )
 def test_draft_length_validates(bad: dict) -> None:

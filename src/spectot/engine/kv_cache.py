@@ -32,11 +32,14 @@ SHIFT_SLOTS = 256  # freed slots this close to the tail are shifted away at once
 class _Stream:
     slots: torch.Tensor  # (capacity_s,) int64; the first `length` entries are the path
     length: int = 0
+    top: int = -1  # its highest slot (-1: none), so a shift passes over the streams below it without a look
 
     def view(self) -> torch.Tensor:
         return self.slots[: self.length]
 
     def append(self, new_slots: torch.Tensor) -> None:
+        if new_slots.numel() == 0:
+            return
         need = self.length + new_slots.numel()
         if need > self.slots.numel():
             grown = torch.empty(max(need, 2 * self.slots.numel()), dtype=torch.int64)
@@ -44,6 +47,11 @@ class _Stream:
             self.slots = grown
         self.slots[self.length : need] = new_slots
         self.length = need
+        self.top = max(self.top, int(new_slots.max()))
+
+    def cut(self, length: int) -> None:
+        self.length = length
+        self.top = int(self.view().max()) if length else -1
 
 
 @dataclass
@@ -96,7 +104,7 @@ class FlatKVCache:
         if length >= stream.length:
             return
         dropped = stream.view()[length:].clone()
-        stream.length = length
+        stream.cut(length)
         self._release_slots(dropped)
 
     def release(self, sid: int) -> None:
@@ -179,9 +187,10 @@ class FlatKVCache:
             self.hole[first : first + n_keep] = self.hole[keep]
         shift = torch.cumsum(gone, 0)  # slot j moves to j - shift[j]
         for stream in self.streams.values():
-            path = stream.view()
-            if path.numel() and int(path.max()) >= first:
+            if stream.top >= first:  # kept prefixes and finished paths lie below the tail: untouched
+                path = stream.view()
                 path -= shift[path]
+                stream.top -= int(shift[stream.top])
         self.used = first + n_keep
         self.refcount[self.used :] = 0
         if self.holes:

@@ -8,7 +8,8 @@ and, when B streams share each target forward, costs
 
     T(k) = t(B (k + 1)) + k c                            one forward over B chains of k + 1 rows, k draft steps
 
-in single-token target forwards (t: this machine's t(n) curve, ``spec/profile.py``; c: one draft step).
+in single-token target forwards (t: this machine's t(n) curve, ``spec/profile.py``, corrected as the engine
+runs, below; c: one draft step).
 The length taken is
 
     k* = argmax_{0 <= k <= K} G(k) / T(k)
@@ -42,6 +43,16 @@ both exponential moving averages (weight ``smoothing``). The running figure sees
 a draft's weights evicted from cache by each target forward, the proposer's host work (tree building,
 prompt lookup), a thread's own runtime. Each observation is capped at 4x the running d, so a stream's
 one-off prompt catch-up through the draft does not read as its step cost.
+
+The offline t(n) is one stream's chain after 256 tokens; a search's forwards spread their rows over several
+streams of longer contexts, each with its own keys and values to read (2-core Zen 5: the profile gives
+t(4) = 1.16 and t(8) = 1.33; four streams of 512 tokens cost 1.27 at one row each and 1.58 at two). So t is
+also corrected per row count n once ``min_seen`` forwards of n rows were timed:
+
+    t(n) = t_0(n) u_n / u,       u_n: seconds per unit of t_0 over forwards of n rows (moving average)
+
+which keeps t in the profile's units (c = d / u stays comparable) and prices a drafted step at what the
+engine's own forwards of that size cost.
 
 Lossless: each verification is exact for whatever k it is given, and k depends only on outcomes already
 verified and past timings, so greedy output stays the target's and samples stay distributed as the target's.
@@ -137,12 +148,15 @@ class DraftLength:
         decay: float = 0.98,  # gamma
         optimism: float = 1.0,  # z
         smoothing: float = 0.05,  # weight of each new cost observation in c's moving averages
-        learn_cost: bool = True,  # False: keep ``draft_cost`` whatever the engine measures
+        learn_cost: bool = True,  # False: keep ``draft_cost`` and t_0 whatever the engine measures
+        min_seen: int = 8,  # forwards of n rows timed before t(n) uses their time
     ) -> None:
         if not draft_cost >= 0.0:
             raise ValueError(f"the draft step cost must be >= 0, got {draft_cost}")
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must lie in (0, 1], got {smoothing}")
+        if min_seen < 1:
+            raise ValueError(f"min_seen counts forwards: it must be >= 1, got {min_seen}")
         if weight <= 0.0 or not 0.0 < decay <= 1.0 or optimism < 0.0:
             raise ValueError(f"need weight > 0, decay in (0, 1] and optimism >= 0, got {weight}, {decay}, {optimism}")
         self.priors = dict(priors) if priors else {0.0: 0.5}
@@ -156,9 +170,10 @@ class DraftLength:
             optimism,
         )
         self.estimates: dict[tuple[SamplingParams, int | None], AcceptanceEstimate] = {}
-        self.smoothing, self.learn_cost = smoothing, learn_cost
+        self.smoothing, self.learn_cost, self.min_seen = smoothing, learn_cost, min_seen
         self._draft_seconds: float | None = None  # d: EMA of seconds per draft forward
         self._unit_seconds: float | None = None  # u: EMA of seconds per unit of t
+        self._unit_by_rows: dict[int, tuple[float, int]] = {}  # n -> (u_n, forwards of n rows timed)
         self._lock = threading.Lock()
 
     @property
@@ -183,7 +198,18 @@ class DraftLength:
         if rows <= 0:
             return
         with self._lock:
-            self._unit_seconds = _moving_average(self._unit_seconds, seconds / self.t_curve(rows), self.smoothing)
+            unit = seconds / self.t_curve(rows)
+            self._unit_seconds = _moving_average(self._unit_seconds, unit, self.smoothing)
+            average, seen = self._unit_by_rows.get(rows, (None, 0))
+            self._unit_by_rows[rows] = (_moving_average(average, unit, self.smoothing), seen + 1)
+
+    def t(self, rows: float) -> float:
+        """t(n) = t_0(n) u_n / u where forwards of n rows were timed ``min_seen`` times, else t_0(n)."""
+        t0 = self.t_curve(rows)
+        unit, seen = self._unit_by_rows.get(int(rows), (None, 0))
+        if not self.learn_cost or unit is None or seen < self.min_seen or not self._unit_seconds:
+            return t0
+        return t0 * unit / self._unit_seconds
 
     def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
         """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting),
@@ -192,7 +218,7 @@ class DraftLength:
             estimate = self._estimate(sampling, match)
             estimate.step()
             alpha = estimate.optimistic(k_max, self.optimism)
-        return best_chain_length(alpha, k_max, self.t_curve, self.cost, max(1, streams))
+            return best_chain_length(alpha, k_max, self.t, self.cost, max(1, streams))
 
     def observe(self, sampling: SamplingParams, proposed: int, accepted: int, match: int | None = None) -> None:
         if proposed > 0:
