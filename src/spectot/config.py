@@ -123,6 +123,13 @@ class DraftOptions:
             "t(n) (k = 0 skips the draft when it cannot pay); --no-adaptive-k keeps k fixed"
         ),
     )
+    draft_width: int = field(
+        default=4,
+        **opt(
+            "adaptive k with a trained draft (edd/vdm): also verify up to N candidates for the first draft token "
+            "where its runners-up pay (1: chains only)"
+        ),
+    )
     ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))
     ngram_min: int = field(default=1, **opt("shortest n-gram the prompt-lookup draft matches"))
     ngram_width: int = field(
@@ -169,6 +176,8 @@ class DraftOptions:
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError(f"--num-draft-tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.draft_width < 1:
+            raise ValueError(f"--draft-width counts candidates: it must be >= 1, got {self.draft_width}")
         if self.lookup < 0:
             raise ValueError(f"--lookup is a match length (>= 1) or 0 for off, got {self.lookup}")
         if self.tree == "k_config":

@@ -20,7 +20,7 @@ from spectot.config import DraftOptions, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop
-from spectot.spec.draft_length import DraftLength
+from spectot.spec.draft_length import DraftLength, ForwardTime
 from spectot.spec.proposers.base import Proposer, drafts_chains
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
 from spectot.spec.proposers.draft_model import DraftModelProposer
@@ -165,7 +165,9 @@ class Pipeline:
             target, proposer, chat_template=model.chat_template, kernels=model.kernels, prefix_cache=model.prefix_cache
         )
         if draft.adaptive_k and drafts_chains(proposer):
-            pipe.decoder.draft_length = adaptive_draft_length(draft, model, measure_solve_costs(pipe, proposer))
+            pipe.decoder.draft_length = adaptive_draft_length(
+                draft, model, measure_solve_costs(pipe, proposer), proposer
+            )
         if draft.tree == "pct" and isinstance(proposer, DraftDecoderProposer):
             size_pct_trees(proposer, measure_solve_costs(pipe, proposer))
         return pipe
@@ -272,7 +274,7 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
         budget = tree_by_streams(draft_acceptance(draft, model.target), costs or measure_solve_costs(pipe, proposer))
     draft_length = None
     if budget is None and draft.adaptive_k and drafts_chains(proposer):  # each engine learns its own acceptance
-        draft_length = adaptive_draft_length(draft, model, costs or measure_solve_costs(pipe, proposer))
+        draft_length = adaptive_draft_length(draft, model, costs or measure_solve_costs(pipe, proposer), proposer)
     if name in ("sd", "mcsd"):
         return SerialEngine(decoder(proposer, draft_length), name), "sd"
     if name == "batched-sd":
@@ -298,15 +300,27 @@ def draft_acceptance(draft: DraftOptions, target: str) -> dict[float, list[float
     return None
 
 
-def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict) -> DraftLength:
-    """k* per step (``spec/draft_length.py``) from this machine's t(n) and draft cost c, with the draft's
-    measured first-position acceptance by temperature as the prior where it ships one."""
+def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict, proposer: Proposer) -> DraftLength:
+    """k* (and, for a draft decoder, w*) per step (``spec/draft_length.py``) from this machine's t(n) and draft
+    cost c, with the draft's measured acceptance vector by temperature as the prior where it ships one (its
+    first entry for the chain's first token, the next ones for the runners-up)."""
     from spectot.spec.trees.sizing import TCurve
 
-    acceptance = draft_acceptance(draft, model.target)
-    priors = {t: vector[0] for t, vector in acceptance.items() if vector} if acceptance else None
+    acceptance = draft_acceptance(draft, model.target) or {}
+    priors = {t: vector[0] for t, vector in acceptance.items() if vector} or None
+    runners_up = {t: vector[1:] for t, vector in acceptance.items() if len(vector) > 1} or None
+    width = draft.draft_width if isinstance(proposer, DraftDecoderProposer) else 1  # grows per-request trees
     curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
-    return DraftLength(curve, float(costs.get("c", 0.0)), priors)
+    profile = [(point["n"], point["seconds"]) for point in costs["t_curve"] if "seconds" in point]
+    forward_time = ForwardTime(profile, costs.get("context", SOLVE_COST_CONTEXT)) if profile else None
+    return DraftLength(
+        curve,
+        float(costs.get("c", 0.0)),
+        priors,
+        forward_time=forward_time,
+        max_width=width,
+        runner_up_priors=runners_up,
+    )
 
 
 def size_pct_trees(proposer: DraftDecoderProposer, costs: dict) -> None:
@@ -320,13 +334,17 @@ def size_pct_trees(proposer: DraftDecoderProposer, costs: dict) -> None:
         proposer.policy = replace(proposer.policy, verify_cost=curve)
 
 
-def measure_solve_costs(pipe: Pipeline, proposer: Proposer, context: int = 256) -> dict:
+SOLVE_COST_CONTEXT = 256  # tokens before measure_solve_costs' forwards
+
+
+def measure_solve_costs(pipe: Pipeline, proposer: Proposer, context: int = SOLVE_COST_CONTEXT) -> dict:
     """A quick t(n) at powers of two and the draft cost c on this machine (a few seconds), after
     ``context`` tokens: where decoding runs (search prompts hold 300-500 tokens, GSM8K answers end at
     100-350). Rows cost more after a long context: t(8) = 1.20 after 384 tokens, 1.09 after 64 (Zen 5)."""
     from spectot.spec.profile import measure_costs
 
-    return measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=context, reps=2)
+    costs = measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=context, reps=2)
+    return {**costs, "context": context}
 
 
 def tree_by_streams(

@@ -456,6 +456,13 @@ class KChoices(DraftLength):
         self.chosen[k] += 1
         return k
 
+    def choose_tree(
+        self, sampling: SamplingParams, k_max: int, streams: int = 1, context: int | None = None
+    ) -> tuple[int, int]:
+        k, width = super().choose_tree(sampling, k_max, streams, context)
+        self.chosen[k] += 1
+        return k, width
+
 
 def test_ar_sampling_matches_the_exact_target_joint(dist_models) -> None:
     target, _ = dist_models

@@ -128,6 +128,29 @@ def test_adaptive_length_learns_from_draft_decoder_chains(target, drafts, sampli
     assert estimate.reached and estimate.reached[0] > 0
 
 
+def fanning_length() -> DraftLength:
+    """An adaptive length that verifies its first token's runners-up: cheap rows, a prior that says they land."""
+    return DraftLength(
+        lambda n: 1.0 + 0.01 * (n - 1),
+        draft_cost=0.05,
+        learn_cost=False,
+        max_width=3,
+        runner_up_priors={0.0: [0.3, 0.2], 1.0: [0.3, 0.2]},
+    )
+
+
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_greedy_decoding_with_adaptive_fans_equals_ar(target, ar_tokens, drafts, kind: str) -> None:
+    """The adaptive length's fans (runners-up of the first token beside the chain) are verified, learnt from,
+    and leave greedy output token for token AR's."""
+    length = fanning_length()
+    decoder = Decoder(ModelRunner(target), proposer=proposer(drafts[kind]), draft_length=length)
+    out = decoder.generate(PROMPTS, DecodeConfig(method="sd", max_new_tokens=MAX_NEW, num_draft_tokens=4))
+    assert [r.token_ids for r in out] == ar_tokens
+    (ranks,) = length.runners_up.values()
+    assert ranks.reached and ranks.reached[0] > 0  # fans went out and were verified
+
+
 # -- the prompt-lookup branch ----------------------------------------------------------------------
 
 REPEATING = [[3, 17, 42, 8, 3, 17], [21, 9, 60, 2, 21, 9, 60, 2, 21], [5, 6, 7, 5, 6, 7, 5]]
@@ -336,6 +359,27 @@ def test_sampled_trees_keep_the_target_joint(dist_target, children: str, tempera
                 reached[depth] += r.stats.reached_by_position[depth]
                 accepted[depth] += r.stats.accepted_by_position[depth]
     assert all(0 < a < n for a, n in zip(accepted, reached))  # accepted and rejected drafts at both depths
+    exact = exact_joint(dist_target, DIST_PROMPT, JOINT, params)
+    assert chi_square_pvalue(counts, exact) > 1e-3
+    for pair in (slice(0, 2), slice(1, 3)):
+        assert chi_square_pvalue(marginal(counts, pair), marginal(exact, pair)) > 1e-3
+
+
+def test_adaptive_fans_keep_the_target_joint(dist_target) -> None:
+    """Temperature 1 with the adaptive length choosing chain length and fan width from the outcomes so far
+    (top-ranked candidates, verified against the target's own draws): the joint of (x1, x2, x3) and its
+    neighbouring pairs match the exact table."""
+    params = SamplingParams(do_sample=True, temperature=1.0)
+    draft = make_draft(dist_target, "edd", torch.arange(DIST_VOCAB))
+    length = fanning_length()
+    decoder = Decoder(ModelRunner(dist_target), proposer=proposer(draft), draft_length=length)
+    counts: Counter = Counter()
+    for seed in range(DIST_CALLS):
+        config = DecodeConfig(max_new_tokens=DIST_NEW, sampling=params, method="sd", num_draft_tokens=2, seed=seed)
+        for r in decoder.generate([DIST_PROMPT] * DIST_STREAMS, config):
+            counts[tuple(r.token_ids[:JOINT])] += 1
+    (ranks,) = length.runners_up.values()
+    assert ranks.reached[0] > 0 and 0 < ranks.accepted[0] < ranks.reached[0]  # fans verified, some landed
     exact = exact_joint(dist_target, DIST_PROMPT, JOINT, params)
     assert chi_square_pvalue(counts, exact) > 1e-3
     for pair in (slice(0, 2), slice(1, 3)):

@@ -7,7 +7,15 @@ import pytest
 
 from spectot.engine.runner import ModelRunner
 from spectot.spec.decoding import DecodeConfig, Decoder
-from spectot.spec.draft_length import AcceptanceEstimate, DraftLength, best_chain_length, chain_tokens
+from spectot.spec.draft_length import (
+    AcceptanceEstimate,
+    DraftLength,
+    ForwardTime,
+    best_chain_length,
+    best_fan_chain,
+    chain_tokens,
+    fan_chain_outcome,
+)
 from spectot.spec.proposers.draft_model import DraftModelProposer
 from spectot.spec.proposers.ngram import NgramProposer
 from spectot.spec.sampling import SamplingParams
@@ -131,26 +139,84 @@ def test_a_draft_measured_expensive_is_switched_off() -> None:
     assert length.choose(HOT, 5) == 0
 
 
-def test_t_is_corrected_by_the_forwards_the_engine_times() -> None:
-    """The profile says rows are free (flat t_0), so two streams draft; the engine's forwards of 4 rows take
-    twice those of 2 (several streams' contexts to read): once ``min_seen`` of each were timed, t(4) / t(2) = 2
-    and at alpha = 0.5, G(1) / T(1) = 1.5 / 2 < 1, so k* falls to 0."""
-    length = DraftLength(flat, priors={1.0: 0.5}, optimism=0.0, min_seen=3)
-    assert length.choose(HOT, 1, streams=2) == 1
-    for _ in range(2):
-        length.observe_verify(0.010, 2)
-        length.observe_verify(0.020, 4)
-    assert length.t(4) == length.t(2) == 1.0  # seen twice each: the profile still
-    assert length.choose(HOT, 1, streams=2) == 1
-    length.observe_verify(0.010, 2)
-    length.observe_verify(0.020, 4)
-    assert length.t(4) / length.t(2) == pytest.approx(2.0)
-    assert length.t(8) == 1.0  # never timed: t_0
-    assert length.choose(HOT, 1, streams=2) == 0
-    pinned = DraftLength(flat, priors={1.0: 0.5}, optimism=0.0, min_seen=1, learn_cost=False)
-    pinned.observe_verify(0.010, 2)
-    pinned.observe_verify(0.020, 4)
-    assert pinned.t(4) == 1.0 and pinned.choose(HOT, 1, streams=2) == 1
+def test_forward_time_starts_at_the_profile_and_fits_the_engines_forwards() -> None:
+    """Prior only: the profile's points (one stream after 256 tokens). Then forwards of many shapes timed from a
+    known law s = 9 ms + 0.8 ms a row + 1 ms per 1k context tokens + 1 ms per 1k row-tokens: recovered to 1 %."""
+    import random
+
+    model = ForwardTime([(1, 0.010), (8, 0.017)], context=256)
+    assert model.seconds(1, 256, 256) == pytest.approx(0.010, rel=1e-3)
+    assert model.seconds(8, 256, 8 * 256) == pytest.approx(0.017, rel=1e-3)
+    law = lambda n, k, r: 0.009 + 0.0008 * n + 0.001 * k / 1000 + 0.001 * r / 1000  # noqa: E731
+    rng = random.Random(0)
+    for _ in range(400):
+        streams = rng.randint(1, 4)
+        contexts = [rng.randint(200, 900) for _ in range(streams)]
+        rows = [rng.randint(1, 5) for _ in range(streams)]
+        work = sum(r * c for r, c in zip(rows, contexts))
+        model.observe(law(sum(rows), sum(contexts), work), sum(rows), sum(contexts), work)
+    for n, k, r in [(1, 650, 650), (5, 650, 3250), (8, 2000, 4000), (16, 2400, 9600)]:
+        assert model.seconds(n, k, r) == pytest.approx(law(n, k, r), rel=0.01)
+
+
+def test_a_forward_time_prices_rows_at_what_the_engine_measured() -> None:
+    """The profile says rows are nearly free, so two streams draft at alpha = 0.5; the engine's forwards after
+    long contexts cost 2 ms a row and 10 ms per 1k row-tokens: with the streams' context given, the same
+    evidence takes no draft. Without a context (or with ``learn_cost=False``) t_0 decides as before."""
+    profile = [(1, 0.010), (2, 0.0101), (4, 0.0103), (8, 0.0107)]
+    model = ForwardTime(profile, context=256, gamma=1.0)
+    length = DraftLength(lambda n: 1.0 + 0.01 * (n - 1), 0.05, priors={1.0: 0.5}, optimism=0.0, forward_time=model)
+    assert length.choose_tree(HOT, 1, streams=2, context=1400) == (1, 1)
+    rng = __import__("random").Random(1)
+    for _ in range(200):
+        b = rng.randint(1, 4)
+        rows, context = b * rng.randint(1, 3), b * rng.randint(500, 800)
+        work = rows // b * context
+        length.observe_verify(0.010 + 0.002 * rows + 0.010 * work / 1000, rows, context, work)
+    assert length.choose_tree(HOT, 1, streams=2, context=1400) == (0, 1)
+    assert length.choose_tree(HOT, 1, streams=2) == (1, 1)  # no context: the profile's t_0
+
+
+def test_best_fan_chain_by_hand() -> None:
+    """alpha_1 = 0.25, runners-up P_2 = 0.2, P_3 = 0.1, t(n) = 1 + 0.05 (n - 1), c = 0.1. One stream:
+    no draft 1, (k, w) = (1, 1) 1.25 / 1.15 = 1.09, (1, 2) 1.45 / 1.2 = 1.21, (1, 3) 1.55 / 1.25 = 1.24 -> (1, 3).
+    Four streams: 1 / 1.15 = 0.87 against 1.25 / 1.45 = 0.86, 1.45 / 1.65 = 0.88, 1.55 / 1.85 = 0.84 -> (1, 2)."""
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731
+    assert best_fan_chain([0.25], [0.2, 0.1], 1, 3, curve, 0.1) == (1, 3)
+    assert best_fan_chain([0.25], [0.2, 0.1], 1, 3, curve, 0.1, streams=4) == (1, 2)
+    assert best_fan_chain([0.25], [0.2, 0.1], 1, 1, curve, 0.1) == (1, 1)  # w_max = 1: the chain rule
+    assert best_chain_length([0.25], 1, curve, 0.1) == 1
+    assert best_fan_chain([0.0], [0.0, 0.0], 1, 3, curve, 0.1) == (0, 1)  # nothing lands: no draft
+    # a draft that lands its first guess: the chain, not the runners-up (they cost rows and add 0.01 each)
+    assert best_fan_chain([0.9] * 3, [0.01, 0.01], 3, 3, curve, 0.1) == (3, 1)
+
+
+def test_fan_chain_outcome_reads_ranks_chain_and_grafts() -> None:
+    fan = [-1, -1, -1, 0, 3]  # fan_chain_tree(3, 3) as a draft's parents (the root is -1)
+    assert fan_chain_outcome(fan, 5, 3, [0, 1, 4]) == (3, 2, 1)  # rank 1 and the chain's next token
+    assert fan_chain_outcome(fan, 5, 3, [0, 3]) == (3, 0, 3)  # the third candidate
+    assert fan_chain_outcome(fan, 5, 3, [0]) == (3, 0, 0)  # nothing accepted
+    assert fan_chain_outcome(None, 4, 1, [0, 1, 2, 3, 4]) == (4, 4, 1)  # a plain chain
+    assert fan_chain_outcome([-1, 0, 1, -1], 4, 1, [0, 4]) == (3, 0, 0)  # a grafted lookup token won
+    assert fan_chain_outcome([-1, -1], 2, 2, [0, 1]) == (1, 1, 1)  # k = 1: the fan only
+
+
+def test_runners_up_are_learnt_and_switch_the_fan_on_and_off() -> None:
+    """t(n) = 1 + 0.05 (n - 1), c = 0.1, a first guess that never lands. The prior (alpha_1 = 0.3, P_2 = P_3 =
+    0.1) takes the fan of 3 (1.5 / 1.25 = 1.2, the best of k <= 2, w <= 3); once the second candidate is seen to
+    land every time, the fan of 2 (1.98 / 1.2 against 1.98 / 1.25 with the third); once nothing lands, no draft."""
+    curve = lambda n: 1.0 + 0.05 * (n - 1)  # noqa: E731
+    options = dict(priors={1.0: 0.3}, optimism=0.0, learn_cost=False)
+    length = DraftLength(curve, 0.1, max_width=3, runner_up_priors={1.0: [0.1, 0.1]}, **options)
+    assert length.choose_tree(HOT, 2) == (1, 3)
+    for _ in range(60):
+        length.observe(HOT, proposed=1, accepted=0, width=3, rank=2)
+    assert length.runners_up[HOT].alpha(2) == [pytest.approx(60.2 / 62), pytest.approx(0.2 / 62)]
+    assert length.choose_tree(HOT, 2) == (1, 2)
+    for _ in range(600):
+        length.observe(HOT, proposed=1, accepted=0, width=3, rank=None)
+    assert length.choose_tree(HOT, 2) == (0, 1)
+    assert DraftLength(curve, 0.1, **options).choose_tree(HOT, 2) == (1, 1)  # max_width 1: the chain rule
 
 
 @pytest.mark.parametrize(
@@ -162,7 +228,8 @@ def test_t_is_corrected_by_the_forwards_the_engine_times() -> None:
         dict(optimism=-1.0),
         dict(priors={0.0: 1.5}),
         dict(smoothing=0.0),
-        dict(min_seen=0),
+        dict(max_width=0),
+        dict(runner_up_priors={0.0: [1.5]}),
     ],
 )
 def test_draft_length_validates(bad: dict) -> None:

@@ -14,6 +14,7 @@ and ``spectot serve`` keeps one session open and batches whatever requests are l
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -25,12 +26,13 @@ import torch
 from spectot.engine.prefix_cache import Fork, PrefixCache
 from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
-from spectot.spec.draft_length import DraftLength
+from spectot.spec.draft_length import DraftLength, fan_chain_outcome
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
 from spectot.spec.sampling import SamplingParams, argmax, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
 from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
-from spectot.spec.trees.dynamic import TreePolicy
+from spectot.spec.trees.dynamic import StaticPolicy, TreePolicy
+from spectot.spec.trees.shapes import fan_chain_tree
 from spectot.spec.verify import verify_chain, verify_chain_coupled
 
 Method = Literal["ar", "sd"]
@@ -79,6 +81,7 @@ class _Stream:
     hidden: list[torch.Tensor] = field(default_factory=list)  # all of them, for the prefix cache (EDD drafts)
     to_fill: int = 0  # prompt tokens still to run when prefilled in chunks (``begin``); its own prompt KV then
     chunked: bool = False
+    fan: int = 0  # the adaptive length's draft this step: candidates for its first token (0: not one of those)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -329,7 +332,8 @@ class DecodeSession:
     def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
         """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
         Streams that sample alike are drafted in one proposer call. With the decoder's ``draft_length``
-        (a chain proposer, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft.
+        (a chain proposer, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft;
+        w* > 1 (a draft decoder) adds the first token's runners-up (``shapes.fan_chain_tree``).
         A free draft that reports its evidence (``Draft.match``) is looked up in full, then each stream's
         is cut to the k* of its class."""
         drafts: list[Draft] = [Draft.empty()] * len(streams)
@@ -344,16 +348,19 @@ class DecodeSession:
         adapt = self.decoder.draft_length if policy is None and drafts_chains(self.proposer) else None
         look_first = adapt is not None and getattr(self.proposer, "reports_match", False)
         for sampling, members in groups.items():
-            k = None
+            k, tree, width = None, policy, 0
             if adapt is not None and not look_first:
-                k = adapt.choose(sampling, max(_draft_room(streams[i]) for i in members), len(streams))
+                room = max(_draft_room(streams[i]) for i in members)
+                k, width = adapt.choose_tree(sampling, room, len(streams), self._context(streams))
                 if k == 0:
                     continue
-            requests = [self._draft_request(streams[i], policy, k) for i in members]
+                if width > 1:
+                    tree = _fan_chain_policy(width, k)
+            requests = [self._draft_request(streams[i], tree, k) for i in members]
             for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
                 if look_first and d.tokens.numel():
                     d = d.cut(adapt.choose(sampling, d.tokens.numel(), len(streams), d.match))
-                drafts[i] = d
+                drafts[i], streams[i].fan = d, width
         seconds, forwards = time.perf_counter() - t, self.proposer.forwards - before
         self.batch.draft_forwards += forwards
         self.batch.time_draft += seconds
@@ -383,6 +390,7 @@ class DecodeSession:
         if chunks:  # a chunk needs logits only where it completes its prompt
             rows = [range(len(st.tree)) for st in trees[: len(streams)]]
             rows += [[len(tokens) - 1] if len(tokens) == s.to_fill else [] for s, tokens in chunks]
+        context = [self.runner.stream_len(st.stream) for st in trees]  # for the adaptive length's forward time
         out = self.runner.forward(trees, logit_rows=rows, hidden_layer=self._hidden_layer())
         self.batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
@@ -390,8 +398,8 @@ class DecodeSession:
             path, next_token = self._verify(d, st.tree, logits, s)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
-            if self.decoder.draft_length is not None and d.parents is None:
-                self.decoder.draft_length.observe(s.config.sampling, d.tokens.numel(), len(path) - 1, d.match)
+            if self.decoder.draft_length is not None:
+                self._observe_length(s, d, path)
             if d.confidence is not None:
                 on_path, conf = set(path), d.confidence.tolist()
                 # the nodes the target tested; NaN: no draft confidence (a grafted prompt-lookup branch)
@@ -412,7 +420,9 @@ class DecodeSession:
             accepted[s.sid] = list(range(len(tokens)))
         self.runner.commit(accepted)
         if self.decoder.draft_length is not None:
-            self.decoder.draft_length.observe_verify(time.perf_counter() - t, sum(len(st.tree) for st in trees))
+            work = sum(len(st.tree) * c for st, c in zip(trees, context))
+            length = self.decoder.draft_length
+            length.observe_verify(time.perf_counter() - t, sum(len(st.tree) for st in trees), sum(context), work)
         for i, ((s, tokens), logits) in enumerate(zip(chunks, out.logits[len(streams) :]), start=len(streams)):
             if out.hidden is not None:
                 s.unseen_hidden.append(out.hidden[i])
@@ -424,6 +434,21 @@ class DecodeSession:
                 token = self._sample_one(logits[0], s)
                 self._emit(s, [token], _logprobs(logits, [token]))
         self.batch.time_verify += time.perf_counter() - t
+
+    def _context(self, streams: Sequence[_Stream]) -> int:
+        """Context tokens the streams' next forward reads."""
+        return sum(self.runner.stream_len(s.sid) for s in streams if s.sid is not None)
+
+    def _observe_length(self, s: _Stream, d: Draft, path: list[int]) -> None:
+        """Tell the adaptive length what its draft of this stream achieved."""
+        length, fan = self.decoder.draft_length, s.fan
+        s.fan = 0
+        if fan and d.tokens.numel():  # the length's own chain or fan (a prompt-lookup graft is not its evidence)
+            parents = None if d.parents is None else d.parents.tolist()
+            proposed, accepted, rank = fan_chain_outcome(parents, d.tokens.numel(), fan, path)
+            length.observe(s.config.sampling, proposed, accepted, width=fan, rank=rank)
+        elif d.parents is None:  # a free draft cut to its class's k, or a fixed-length chain
+            length.observe(s.config.sampling, d.tokens.numel(), len(path) - 1, d.match)
 
     def _hidden_layer(self) -> int | None:
         # every forward, whatever the session's first config: streams that join later may draft (EDD)
@@ -487,6 +512,11 @@ class DecodeSession:
         stats.draft_forwards = batch.draft_forwards
         stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats, s.logprobs)
+
+
+@functools.cache
+def _fan_chain_policy(width: int, k: int) -> StaticPolicy:
+    return StaticPolicy(tuple(fan_chain_tree(width, k)))
 
 
 def _draft_room(s: _Stream) -> int:

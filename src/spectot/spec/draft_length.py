@@ -6,7 +6,7 @@ A chain of k draft tokens whose i-th token is accepted with probability alpha_i 
 
 and, when B streams share each target forward, costs
 
-    T(k) = t(B (k + 1)) + k c                            one forward over B chains of k + 1 rows, k draft steps
+    T(k) = t_B(B (k + 1)) + k c                          one forward over B chains of k + 1 rows, k draft steps
 
 in single-token target forwards (t: this machine's t(n) curve, ``spec/profile.py``, corrected as the engine
 runs, below; c: one draft step).
@@ -28,6 +28,61 @@ confidence bound (z = 1): a position seldom tested gets the benefit of the doubt
 at every step of that setting, skipped ones included, so the bound of a draft switched off widens again
 until the draft is probed once more (never where even alpha = 1 could not pay, e.g. a compute-bound batch).
 
+A draft decoder (EDD, VDM) can also verify its first token's runners-up (``max_width`` > 1): the tree of
+w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree``) yields
+
+    G(k, w) = G(k) + sum_{r=2..w} P_r                    P_r: chance the target's token is the draft's rank r
+    T(k, w) = t(B (k + w)) + k c                          the w candidates come from the same draft forward
+
+and (k*, w*) = argmax G(k, w) / T(k, w). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
+as alpha is, each verified fan counting one trial per runner-up, and its prior is the draft's shipped vector.
+Where the draft's first guess lands a quarter of the time (temperature-1 thoughts in a search) and rows are
+cheap (one stream), its runners-up buy more than a longer chain: one stream of GSM8K answers at T = 1 took
+1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates, for about the same step time.
+
+A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
+the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
+A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens while a
+1-gram guess at a sampled thought is dropped, where one estimate for both would keep or drop them together.
+
+The draft cost c is first the offline profile's (``spec/profile.py``: a draft forward timed back to back
+over a target forward at n = 1), then what the engine measures as it runs:
+
+    c = d / u,   d: seconds per draft forward (the proposer's whole call over its forwards),
+                 u: seconds per unit of t (a target step's seconds, verification included, over t(rows))
+
+both exponential moving averages (weight ``smoothing``). The running figure sees what the profile cannot:
+a draft's weights evicted from cache by each target forward, the proposer's host work (tree building,
+prompt lookup), a thread's own runtime. Each observation is capped at 4x the running d, so a stream's
+one-off prompt catch-up through the draft does not read as its step cost.
+
+The offline t(n) is one stream's chain after 256 tokens. A search's forwards spread their rows over several
+streams of 400-700 tokens, each with its own keys and values to read, where a row costs more than the
+profile says (2-core Zen 5: t_0(5) = 1.2; in a REBASE run one stream of ~650 tokens took 11.3 ms at one row
+and 15.3 ms at five). Given a ``ForwardTime`` and the live streams' context, T is priced in seconds by what
+the engine's own forwards cost:
+
+    s(n, K, R) = b_0 + b_1 n + b_2 K + b_3 R     n rows, K context tokens of the streams, R = sum_s rows_s x ctx_s
+    T(k, w) = s(B (k + w), K, (k + w) K) + k d
+
+(weights streamed once, per-row compute, each stream's keys and values read, attention work), fit by
+exponentially weighted least squares over the forwards so far, around the offline profile's points as
+fixed pseudo-forwards (so a shape never run, e.g. rows beyond the streams, is priced by the profile's slope).
+A table per row count was tried first: it read one long evaluation stream's one-row forwards against four
+short thoughts' four-row ones and found rows cheaper than they are.
+
+A draft decoder (EDD, VDM) can also verify its first token's runners-up (``max_width`` > 1): the tree of
+w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree``) yields
+
+    G(k, w) = G(k) + sum_{r=2..w} P_r                    P_r: chance the target's token is the draft's rank r
+    T(k, w) = t(B (k + w)) + k c                          the w candidates come from the same draft forward
+
+and (k*, w*) = argmax G(k, w) / T(k, w). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
+as alpha is, each verified fan counting one trial per runner-up, and its prior is the draft's shipped vector.
+Where the draft's first guess lands a quarter of the time (temperature-1 thoughts in a search) and rows are
+cheap (one stream), its runners-up buy more than a longer chain: one stream of GSM8K answers at T = 1 took
+1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates, for about the same step time.
+
 A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
 the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
 A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens while a
@@ -46,13 +101,15 @@ one-off prompt catch-up through the draft does not read as its step cost.
 
 The offline t(n) is one stream's chain after 256 tokens; a search's forwards spread their rows over several
 streams of longer contexts, each with its own keys and values to read (2-core Zen 5: the profile gives
-t(4) = 1.16 and t(8) = 1.33; four streams of 512 tokens cost 1.27 at one row each and 1.58 at two). So t is
-also corrected per row count n once ``min_seen`` forwards of n rows were timed:
+t(4) = 1.16 and t(8) = 1.33; four streams of 512 tokens cost 1.27 at one row each and 1.58 at two; in a
+REBASE run one stream of ~650 tokens took 11.3 ms at one row and 15.3 ms at five, where t_0(5) says 1.2x).
+So t is also corrected for each number of streams B and rows n once ``min_seen`` such forwards were timed:
 
-    t(n) = t_0(n) u_n / u,       u_n: seconds per unit of t_0 over forwards of n rows (moving average)
+    t_B(n) = t_0(n) u_Bn / u,    u_Bn: seconds per unit of t_0 over forwards of n rows of B streams
 
 which keeps t in the profile's units (c = d / u stays comparable) and prices a drafted step at what the
-engine's own forwards of that size cost.
+engine's own forwards of that shape cost. (Keyed by n alone, the estimate mixed one long evaluation stream's
+one-row forwards with four short thoughts' four-row ones and read rows as cheaper than they are.)
 
 Lossless: each verification is exact for whatever k it is given, and k depends only on outcomes already
 verified and past timings, so greedy output stays the target's and samples stay distributed as the target's.
@@ -70,6 +127,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from spectot.spec.sampling import SamplingParams
 
 
@@ -86,19 +145,35 @@ def best_chain_length(
     alpha: Sequence[float], k_max: int, t_curve: Callable[[float], float], draft_cost: float, streams: int = 1
 ) -> int:
     """k* = argmax_{0 <= k <= k_max} G(k) / (t(B (k + 1)) + k c); ties go to the shorter chain."""
-    best_k, best = 0, 1.0 / t_curve(streams)
+    return best_fan_chain(alpha, (), k_max, 1, t_curve, draft_cost, streams)[0]
+
+
+def best_fan_chain(
+    alpha: Sequence[float],
+    runners_up: Sequence[float],  # P_2, P_3, ...
+    k_max: int,
+    w_max: int,
+    t_curve: Callable[[float], float],
+    draft_cost: float,
+    streams: int = 1,
+) -> tuple[int, int]:
+    """(k*, w*) = argmax G(k, w) / (t(B (k + w)) + k c) over 1 <= k <= k_max, 1 <= w <= w_max, against plain
+    decoding's 1 / t(B) ((0, 1): no draft); ties go to the shorter chain, then the narrower fan."""
+    best_shape, best = (0, 1), 1.0 / t_curve(streams)
     for k in range(1, min(k_max, len(alpha)) + 1):
-        speed = chain_tokens(alpha, k) / (t_curve(streams * (k + 1)) + k * draft_cost)
-        if speed > best * (1.0 + 1e-9):
-            best_k, best = k, speed
-    return best_k
+        for w in range(1, min(w_max, len(runners_up) + 1) + 1):
+            tokens = chain_tokens(alpha, k) + sum(runners_up[: w - 1])
+            speed = tokens / (t_curve(streams * (k + w)) + k * draft_cost)
+            if speed > best * (1.0 + 1e-9):
+                best_shape, best = (k, w), speed
+    return best_shape
 
 
 @dataclass
 class AcceptanceEstimate:
     """alpha_i = (a_i + w alpha0) / (r_i + w) from decayed counts, position i = 1, 2, ..."""
 
-    prior: float  # alpha0
+    prior: float | tuple[float, ...]  # alpha0, or one per position (the last one for the positions past them)
     weight: float  # w: pseudo-observations the prior is worth
     decay: float  # gamma per step
     accepted: list[float] = field(default_factory=list)  # a_i
@@ -106,7 +181,11 @@ class AcceptanceEstimate:
 
     def alpha(self, k: int) -> list[float]:
         """m_1..m_k"""
-        return [(a + self.weight * self.prior) / (r + self.weight) for a, r in self._counts(k)]
+        priors = self.prior if isinstance(self.prior, tuple) else (self.prior,)
+        return [
+            (a + self.weight * priors[min(i, len(priors) - 1)]) / (r + self.weight)
+            for i, (a, r) in enumerate(self._counts(k))
+        ]
 
     def optimistic(self, k: int, z: float) -> list[float]:
         """min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w))) for i = 1..k"""
@@ -134,10 +213,22 @@ class AcceptanceEstimate:
             self.reached[i] += 1.0
             self.accepted[i] += float(i < accepted)
 
+    def observe_alternatives(self, tried: int, accepted: int | None) -> None:
+        """One verification of ``tried`` mutually exclusive candidates (positions 1..tried all tested), of which
+        the one at index ``accepted`` (0-based) was accepted, or none."""
+        grow = tried - len(self.reached)
+        if grow > 0:
+            self.accepted += [0.0] * grow
+            self.reached += [0.0] * grow
+        for i in range(tried):
+            self.reached[i] += 1.0
+        if accepted is not None:
+            self.accepted[accepted] += 1.0
+
 
 class DraftLength:
-    """k* per step for each sampling setting's streams (and, for a free draft, each evidence class); shared
-    by a decoder's sessions (and SEED's drafter and target threads, hence the lock)."""
+    """k* (and w*) per step for each sampling setting's streams (and, for a free draft, each evidence class);
+    shared by a decoder's sessions (and SEED's drafter and target threads, hence the lock)."""
 
     def __init__(
         self,
@@ -149,14 +240,16 @@ class DraftLength:
         optimism: float = 1.0,  # z
         smoothing: float = 0.05,  # weight of each new cost observation in c's moving averages
         learn_cost: bool = True,  # False: keep ``draft_cost`` and t_0 whatever the engine measures
-        min_seen: int = 8,  # forwards of n rows timed before t(n) uses their time
+        forward_time: ForwardTime | None = None,  # prices T in seconds when a step's context is given
+        max_width: int = 1,  # w: candidates for the first token a draft decoder may verify (1: chains only)
+        runner_up_priors: Mapping[float, Sequence[float]] | None = None,  # P_2, P_3, ... by temperature
     ) -> None:
         if not draft_cost >= 0.0:
             raise ValueError(f"the draft step cost must be >= 0, got {draft_cost}")
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must lie in (0, 1], got {smoothing}")
-        if min_seen < 1:
-            raise ValueError(f"min_seen counts forwards: it must be >= 1, got {min_seen}")
+        if max_width < 1:
+            raise ValueError(f"max_width counts candidates: it must be >= 1, got {max_width}")
         if weight <= 0.0 or not 0.0 < decay <= 1.0 or optimism < 0.0:
             raise ValueError(f"need weight > 0, decay in (0, 1] and optimism >= 0, got {weight}, {decay}, {optimism}")
         self.priors = dict(priors) if priors else {0.0: 0.5}
@@ -170,10 +263,14 @@ class DraftLength:
             optimism,
         )
         self.estimates: dict[tuple[SamplingParams, int | None], AcceptanceEstimate] = {}
-        self.smoothing, self.learn_cost, self.min_seen = smoothing, learn_cost, min_seen
+        self.max_width = max_width
+        self.runner_up_priors = {t: tuple(v) for t, v in (runner_up_priors or {0.0: [0.05]}).items() if len(v)}
+        if not self.runner_up_priors or not all(0.0 <= p <= 1.0 for v in self.runner_up_priors.values() for p in v):
+            raise ValueError(f"runner-up acceptance priors must be probabilities, got {runner_up_priors}")
+        self.runners_up: dict[SamplingParams, AcceptanceEstimate] = {}  # P_r, r = 2.. (position i: rank i + 1)
+        self.smoothing, self.learn_cost, self.forward_time = smoothing, learn_cost, forward_time
         self._draft_seconds: float | None = None  # d: EMA of seconds per draft forward
         self._unit_seconds: float | None = None  # u: EMA of seconds per unit of t
-        self._unit_by_rows: dict[int, tuple[float, int]] = {}  # n -> (u_n, forwards of n rows timed)
         self._lock = threading.Lock()
 
     @property
@@ -193,23 +290,15 @@ class DraftLength:
                 per = min(per, 4.0 * self._draft_seconds)
             self._draft_seconds = _moving_average(self._draft_seconds, per, self.smoothing)
 
-    def observe_verify(self, seconds: float, rows: int) -> None:
-        """One target forward over ``rows`` rows, verification included, took ``seconds``."""
+    def observe_verify(self, seconds: float, rows: int, context: int | None = None, work: int | None = None) -> None:
+        """One target forward over ``rows`` rows took ``seconds``, verification included; ``context``: its
+        streams' context tokens, ``work``: sum over streams of rows x context (for the ``ForwardTime``)."""
         if rows <= 0:
             return
         with self._lock:
-            unit = seconds / self.t_curve(rows)
-            self._unit_seconds = _moving_average(self._unit_seconds, unit, self.smoothing)
-            average, seen = self._unit_by_rows.get(rows, (None, 0))
-            self._unit_by_rows[rows] = (_moving_average(average, unit, self.smoothing), seen + 1)
-
-    def t(self, rows: float) -> float:
-        """t(n) = t_0(n) u_n / u where forwards of n rows were timed ``min_seen`` times, else t_0(n)."""
-        t0 = self.t_curve(rows)
-        unit, seen = self._unit_by_rows.get(int(rows), (None, 0))
-        if not self.learn_cost or unit is None or seen < self.min_seen or not self._unit_seconds:
-            return t0
-        return t0 * unit / self._unit_seconds
+            self._unit_seconds = _moving_average(self._unit_seconds, seconds / self.t_curve(rows), self.smoothing)
+            if self.forward_time is not None and self.learn_cost and context is not None and work is not None:
+                self.forward_time.observe(seconds, rows, context, work)
 
     def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
         """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting),
@@ -218,18 +307,128 @@ class DraftLength:
             estimate = self._estimate(sampling, match)
             estimate.step()
             alpha = estimate.optimistic(k_max, self.optimism)
-            return best_chain_length(alpha, k_max, self.t, self.cost, max(1, streams))
+            return best_chain_length(alpha, k_max, self.t_curve, self.cost, max(1, streams))
 
-    def observe(self, sampling: SamplingParams, proposed: int, accepted: int, match: int | None = None) -> None:
-        if proposed > 0:
-            with self._lock:
+    def choose_tree(
+        self, sampling: SamplingParams, k_max: int, streams: int = 1, context: int | None = None
+    ) -> tuple[int, int]:
+        """(k*, w*) for the next step of ``streams`` streams sampling with ``sampling``, ``context`` tokens
+        between them: a chain of k* tokens whose first has w* - 1 runners-up beside it
+        (``shapes.fan_chain_tree``); k* = 0: no draft."""
+        with self._lock:
+            estimate = self._estimate(sampling, None)
+            estimate.step()
+            alpha = estimate.optimistic(k_max, self.optimism)
+            runners_up: list[float] = []
+            if self.max_width > 1:
+                ranks = self._runners_up(sampling)
+                ranks.step()
+                runners_up = ranks.optimistic(self.max_width - 1, self.optimism)
+            streams = max(1, streams)
+            t, c = self.t_curve, self.cost
+            model = self.forward_time
+            if model is not None and self.learn_cost and context is not None:  # in seconds
+                t = lambda n: model.seconds(n, context, n / streams * context)  # noqa: E731
+                c = (
+                    self._draft_seconds
+                    if self._draft_seconds is not None
+                    else self.draft_cost * model.seconds(1, model.context, model.context)
+                )
+            return best_fan_chain(alpha, runners_up, k_max, self.max_width, t, c, streams)
+
+    def observe(
+        self,
+        sampling: SamplingParams,
+        proposed: int,
+        accepted: int,
+        match: int | None = None,
+        width: int = 1,
+        rank: int | None = None,
+    ) -> None:
+        """A verified chain of ``proposed`` tokens, ``accepted`` of them; with ``width`` > 1 the first token's
+        runners-up (ranks 2..width) were verified too, ``rank`` the one accepted (None: none of them)."""
+        with self._lock:
+            if proposed > 0:
                 self._estimate(sampling, match).observe(proposed, accepted)
+            if width > 1:
+                accepted_runner_up = rank - 2 if rank is not None and rank >= 2 else None
+                self._runners_up(sampling).observe_alternatives(width - 1, accepted_runner_up)
+
+    def _runners_up(self, sampling: SamplingParams) -> AcceptanceEstimate:
+        if sampling not in self.runners_up:
+            prior = self.runner_up_priors[sampling.nearest(self.runner_up_priors)]
+            self.runners_up[sampling] = AcceptanceEstimate(prior, self.weight, self.decay)
+        return self.runners_up[sampling]
 
     def _estimate(self, sampling: SamplingParams, match: int | None) -> AcceptanceEstimate:
         if (sampling, match) not in self.estimates:
             prior = self.priors[sampling.nearest(self.priors)]
             self.estimates[(sampling, match)] = AcceptanceEstimate(prior, self.weight, self.decay)
         return self.estimates[(sampling, match)]
+
+
+def fan_chain_outcome(
+    parents: Sequence[int] | None, size: int, width: int, path: Sequence[int]
+) -> tuple[int, int, int]:
+    """(chain tokens proposed, of them accepted, rank accepted at depth 1 or 0) of a verified fan-and-chain draft
+    of ``size`` tokens: tokens 0..width-1 are the first token's ranks 1..width, the chain below rank 1 continues
+    at tokens width, width + 1, ... (``parents``: each token's parent token, -1 the root; None: a chain), and any
+    tokens past them are grafted (a prompt-lookup branch). ``path``: the accepted tree nodes, root (0) first.
+
+    Worked example: fan_chain_tree(3, 3) as a draft, parents [-1, -1, -1, 0, 3], path [0, 1, 4]: the chain is
+    tokens 0, 3, 4 (nodes 1, 4, 5), two of them accepted, at rank 1 -> (3, 2, 1).
+    """
+    parent = (lambda i: i - 1) if parents is None else (lambda i: parents[i])  # noqa: E731
+    chain = [0] if size else []
+    while chain and (nxt := width + len(chain) - 1) < size and parent(nxt) == chain[-1]:
+        chain.append(nxt)
+    accepted = 0
+    while accepted < min(len(chain), len(path) - 1) and path[accepted + 1] == chain[accepted] + 1:
+        accepted += 1
+    rank = path[1] if len(path) > 1 and path[1] <= width else 0
+    return len(chain), accepted, rank
+
+
+class ForwardTime:
+    """Seconds of one target forward, verification included, as s = b . x, x = (1, n, K / 1000, R / 1000) (see
+    the module docstring), by exponentially weighted least squares (forgetting ``gamma`` per forward) on top of
+    the offline profile's (n, seconds) points as pseudo-forwards of one stream after ``context`` tokens, each
+    worth ``prior_weight`` forwards and never forgotten.
+
+    Worked example: profile [(1, 0.010), (8, 0.017)] after 256 tokens; the prior alone prices one row at
+    0.010 s and each extra row at ~1 ms, whatever the context (it has seen one context only); forwards timed
+    at other contexts then fit b_2 and b_3.
+    """
+
+    def __init__(
+        self, profile: Sequence[tuple[int, float]], context: int, prior_weight: float = 4.0, gamma: float = 0.995
+    ) -> None:
+        if not profile or not 0.0 < gamma <= 1.0 or prior_weight <= 0.0 or context < 0:
+            raise ValueError(f"need profile points, gamma in (0, 1], prior_weight > 0, context >= 0; got {gamma}")
+        self.context, self.gamma = context, gamma
+        self._prior_a = 1e-9 * np.eye(4)  # a whisper of ridge: the prior sees one context only
+        self._prior_b = np.zeros(4)
+        for n, seconds in profile:
+            x = self.features(n, context, n * context)
+            self._prior_a += prior_weight * np.outer(x, x)
+            self._prior_b += prior_weight * seconds * x
+        self._a, self._b = np.zeros((4, 4)), np.zeros(4)
+        self._beta: np.ndarray | None = None
+
+    @staticmethod
+    def features(rows: float, context: float, work: float) -> np.ndarray:
+        return np.array([1.0, rows, context / 1000.0, work / 1000.0])
+
+    def observe(self, seconds: float, rows: int, context: int, work: int) -> None:
+        x = self.features(rows, context, work)
+        self._a = self.gamma * self._a + np.outer(x, x)
+        self._b = self.gamma * self._b + seconds * x
+        self._beta = None
+
+    def seconds(self, rows: float, context: float, work: float) -> float:
+        if self._beta is None:
+            self._beta = np.linalg.solve(self._prior_a + self._a, self._prior_b + self._b)
+        return max(float(self._beta @ self.features(rows, context, work)), 1e-6)
 
 
 def _moving_average(average: float | None, value: float, weight: float) -> float:

@@ -24,6 +24,18 @@ def chain_tree(k: int) -> list[int]:
     return [-1] + list(range(k))
 
 
+def fan_chain_tree(width: int, k: int) -> list[int]:
+    """``width`` candidates at depth 1 and a chain of k - 1 more below the first: the adaptive draft length's
+    trees (``spec/draft_length.py``), the first token's runners-up where the draft's first guess often misses.
+    fan_chain_tree(3, 3) = [-1, 0, 0, 0, 1, 4]; fan_chain_tree(1, k) = chain_tree(k)."""
+    _check_positive("width", width)
+    _check_positive("k", k)
+    parents = [-1] + [0] * width
+    if k > 1:
+        parents += [1] + list(range(width + 1, width + k - 1))
+    return parents
+
+
 def k_config_tree(k_config: Sequence[int]) -> list[int]:
     """MCSD / SEED: every node at depth d - 1 gets k_config[d - 1] children (all nodes expanded)."""
     if not k_config or any(k < 1 for k in k_config):
