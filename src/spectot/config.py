@@ -124,10 +124,10 @@ class DraftOptions:
         ),
     )
     draft_width: int = field(
-        default=4,
+        default=1,
         **opt(
             "adaptive k with a trained draft (edd/vdm): also verify up to N candidates for the first draft token "
-            "where its runners-up pay (1: chains only)"
+            "where its runners-up pay (1: chains only; pays where extra rows are cheap, not on a 2-core CPU)"
         ),
     )
     ngram_max: int = field(default=3, **opt("longest n-gram the prompt-lookup draft matches"))

@@ -35,10 +35,13 @@ w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree`
     T(k, w) = t(B (k + w)) + k c                          the w candidates come from the same draft forward
 
 and (k*, w*) = argmax G(k, w) / T(k, w). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
-as alpha is, each verified fan counting one trial per runner-up, and its prior is the draft's shipped vector.
-Where the draft's first guess lands a quarter of the time (temperature-1 thoughts in a search) and rows are
-cheap (one stream), its runners-up buy more than a longer chain: one stream of GSM8K answers at T = 1 took
-1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates, for about the same step time.
+as alpha is, each verified fan counting one trial per runner-up, its prior the draft's shipped vector; it
+enters at its mean (upper bounds on w - 1 runners-up would add up and favour wide fans). Where the draft's
+first guess lands a quarter of the time (temperature-1 thoughts) its runners-up add tokens: one stream of
+GSM8K answers at T = 1 took 1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates.
+Whether that pays depends on what a row costs: on a 2-core Zen 5 each costs 7-9 % of a forward after a few
+hundred tokens and fans broke even at best (``scripts/adaptive_width.sh``), so the pipeline's default is
+chains (``--draft-width 1``).
 
 A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
 the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
@@ -78,10 +81,13 @@ w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree`
     T(k, w) = t(B (k + w)) + k c                          the w candidates come from the same draft forward
 
 and (k*, w*) = argmax G(k, w) / T(k, w). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
-as alpha is, each verified fan counting one trial per runner-up, and its prior is the draft's shipped vector.
-Where the draft's first guess lands a quarter of the time (temperature-1 thoughts in a search) and rows are
-cheap (one stream), its runners-up buy more than a longer chain: one stream of GSM8K answers at T = 1 took
-1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates, for about the same step time.
+as alpha is, each verified fan counting one trial per runner-up, its prior the draft's shipped vector; it
+enters at its mean (upper bounds on w - 1 runners-up would add up and favour wide fans). Where the draft's
+first guess lands a quarter of the time (temperature-1 thoughts) its runners-up add tokens: one stream of
+GSM8K answers at T = 1 took 1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates.
+Whether that pays depends on what a row costs: on a 2-core Zen 5 each costs 7-9 % of a forward after a few
+hundred tokens and fans broke even at best (``scripts/adaptive_width.sh``), so the pipeline's default is
+chains (``--draft-width 1``).
 
 A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
 the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
@@ -323,7 +329,7 @@ class DraftLength:
             if self.max_width > 1:
                 ranks = self._runners_up(sampling)
                 ranks.step()
-                runners_up = ranks.optimistic(self.max_width - 1, self.optimism)
+                runners_up = ranks.alpha(self.max_width - 1)  # means: w - 1 upper bounds would add up
             streams = max(1, streams)
             t, c = self.t_curve, self.cost
             model = self.forward_time
