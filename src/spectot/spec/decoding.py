@@ -443,7 +443,7 @@ class DecodeSession:
         """Tell the adaptive length what its draft of this stream achieved."""
         length, fan = self.decoder.draft_length, s.fan
         s.fan = 0
-        if fan and d.tokens.numel():  # the length's own chain or fan (a prompt-lookup graft is not its evidence)
+        if fan and d.tokens.numel():  # its own chain or fan (a lookup branch grafted beside it is not its evidence)
             parents = None if d.parents is None else d.parents.tolist()
             proposed, accepted, rank = fan_chain_outcome(parents, d.tokens.numel(), fan, path)
             length.observe(s.config.sampling, proposed, accepted, width=fan, rank=rank)

@@ -72,7 +72,8 @@ the engine's own forwards cost:
 exponentially weighted least squares over the forwards so far, around the offline profile's points as
 fixed pseudo-forwards (so a shape never run, e.g. rows beyond the streams, is priced by the profile's slope).
 A table per row count was tried first: it read one long evaluation stream's one-row forwards against four
-short thoughts' four-row ones and found rows cheaper than they are.
+short thoughts' four-row ones and found rows cheaper than they are. (A free draft's classes, ``choose``,
+keep t_0 and c.)
 
 A draft decoder (EDD, VDM) can also verify its first token's runners-up (``max_width`` > 1): the tree of
 w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree``) yields
