@@ -6,11 +6,10 @@ A chain of k draft tokens whose i-th token is accepted with probability alpha_i 
 
 and, when B streams share each target forward, costs
 
-    T(k) = t_B(B (k + 1)) + k c                          one forward over B chains of k + 1 rows, k draft steps
+    T(k) = t(B (k + 1)) + k c                            one forward over B chains of k + 1 rows, k draft steps
 
-in single-token target forwards (t: this machine's t(n) curve, ``spec/profile.py``, corrected as the engine
-runs, below; c: one draft step).
-The length taken is
+in single-token target forwards (t: this machine's t(n) curve, ``spec/profile.py``; c: one draft step), or in
+seconds where the engine's own forwards price it (below). The length taken is
 
     k* = argmax_{0 <= k <= K} G(k) / T(k)
 
@@ -43,10 +42,11 @@ Whether that pays depends on what a row costs: on a 2-core Zen 5 each costs 7-9 
 hundred tokens and fans broke even at best (``scripts/adaptive_width.sh``), so the pipeline's default is
 chains (``--draft-width 1``).
 
-A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
-the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
-A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens while a
-1-gram guess at a sampled thought is dropped, where one estimate for both would keep or drop them together.
+A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class,
+the length n of the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of
+its class. A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens
+while a 1-gram guess at a sampled thought is dropped, where one estimate for both would keep or drop them
+together.
 
 The draft cost c is first the offline profile's (``spec/profile.py``: a draft forward timed back to back
 over a target forward at n = 1), then what the engine measures as it runs:
@@ -61,7 +61,8 @@ one-off prompt catch-up through the draft does not read as its step cost.
 
 The offline t(n) is one stream's chain after 256 tokens. A search's forwards spread their rows over several
 streams of 400-700 tokens, each with its own keys and values to read, where a row costs more than the
-profile says (2-core Zen 5: t_0(5) = 1.2; in a REBASE run one stream of ~650 tokens took 11.3 ms at one row
+profile says (2-core Zen 5: the profile gives t(4) = 1.16 and t(8) = 1.33; four streams of 512 tokens cost
+1.27 t(1) at one row each and 1.58 at two; in a REBASE run one stream of ~650 tokens took 11.3 ms at one row
 and 15.3 ms at five). Given a ``ForwardTime`` and the live streams' context, T is priced in seconds by what
 the engine's own forwards cost:
 
@@ -73,50 +74,7 @@ exponentially weighted least squares over the forwards so far, around the offlin
 fixed pseudo-forwards (so a shape never run, e.g. rows beyond the streams, is priced by the profile's slope).
 A table per row count was tried first: it read one long evaluation stream's one-row forwards against four
 short thoughts' four-row ones and found rows cheaper than they are. (A free draft's classes, ``choose``,
-keep t_0 and c.)
-
-A draft decoder (EDD, VDM) can also verify its first token's runners-up (``max_width`` > 1): the tree of
-w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree``) yields
-
-    G(k, w) = G(k) + sum_{r=2..w} P_r                    P_r: chance the target's token is the draft's rank r
-    T(k, w) = t(B (k + w)) + k c                          the w candidates come from the same draft forward
-
-and (k*, w*) = argmax G(k, w) / T(k, w). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
-as alpha is, each verified fan counting one trial per runner-up, its prior the draft's shipped vector; it
-enters at its mean (upper bounds on w - 1 runners-up would add up and favour wide fans). Where the draft's
-first guess lands a quarter of the time (temperature-1 thoughts) its runners-up add tokens: one stream of
-GSM8K answers at T = 1 took 1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates.
-Whether that pays depends on what a row costs: on a 2-core Zen 5 each costs 7-9 % of a forward after a few
-hundred tokens and fans broke even at best (``scripts/adaptive_width.sh``), so the pipeline's default is
-chains (``--draft-width 1``).
-
-A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class, the length n of
-the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of its class.
-A 3-gram match copied from the prompt (an evaluator quoting the step it rates) keeps its tokens while a
-1-gram guess at a sampled thought is dropped, where one estimate for both would keep or drop them together.
-
-The draft cost c is first the offline profile's (``spec/profile.py``: a draft forward timed back to back
-over a target forward at n = 1), then what the engine measures as it runs:
-
-    c = d / u,   d: seconds per draft forward (the proposer's whole call over its forwards),
-                 u: seconds per unit of t (a target step's seconds, verification included, over t(rows))
-
-both exponential moving averages (weight ``smoothing``). The running figure sees what the profile cannot:
-a draft's weights evicted from cache by each target forward, the proposer's host work (tree building,
-prompt lookup), a thread's own runtime. Each observation is capped at 4x the running d, so a stream's
-one-off prompt catch-up through the draft does not read as its step cost.
-
-The offline t(n) is one stream's chain after 256 tokens; a search's forwards spread their rows over several
-streams of longer contexts, each with its own keys and values to read (2-core Zen 5: the profile gives
-t(4) = 1.16 and t(8) = 1.33; four streams of 512 tokens cost 1.27 at one row each and 1.58 at two; in a
-REBASE run one stream of ~650 tokens took 11.3 ms at one row and 15.3 ms at five, where t_0(5) says 1.2x).
-So t is also corrected for each number of streams B and rows n once ``min_seen`` such forwards were timed:
-
-    t_B(n) = t_0(n) u_Bn / u,    u_Bn: seconds per unit of t_0 over forwards of n rows of B streams
-
-which keeps t in the profile's units (c = d / u stays comparable) and prices a drafted step at what the
-engine's own forwards of that shape cost. (Keyed by n alone, the estimate mixed one long evaluation stream's
-one-row forwards with four short thoughts' four-row ones and read rows as cheaper than they are.)
+keep t and c.)
 
 Lossless: each verification is exact for whatever k it is given, and k depends only on outcomes already
 verified and past timings, so greedy output stays the target's and samples stay distributed as the target's.
@@ -212,25 +170,23 @@ class AcceptanceEstimate:
     def observe(self, proposed: int, accepted: int) -> None:
         """One verified chain: positions 1..accepted were accepted, position accepted + 1 (if drafted) rejected."""
         reached = min(proposed, accepted + 1)
+        self._count(reached, range(accepted))
+
+    def observe_alternatives(self, tried: int, accepted: int | None) -> None:
+        """One verification of ``tried`` mutually exclusive candidates (positions 1..tried all tested), of which
+        the one at index ``accepted`` (0-based) was accepted, or none."""
+        self._count(tried, () if accepted is None else (accepted,))
+
+    def _count(self, reached: int, accepted: Sequence[int]) -> None:
+        """Positions 1..reached tested, those at the indices ``accepted`` accepted."""
         grow = reached - len(self.reached)
         if grow > 0:
             self.accepted += [0.0] * grow
             self.reached += [0.0] * grow
         for i in range(reached):
             self.reached[i] += 1.0
-            self.accepted[i] += float(i < accepted)
-
-    def observe_alternatives(self, tried: int, accepted: int | None) -> None:
-        """One verification of ``tried`` mutually exclusive candidates (positions 1..tried all tested), of which
-        the one at index ``accepted`` (0-based) was accepted, or none."""
-        grow = tried - len(self.reached)
-        if grow > 0:
-            self.accepted += [0.0] * grow
-            self.reached += [0.0] * grow
-        for i in range(tried):
-            self.reached[i] += 1.0
-        if accepted is not None:
-            self.accepted[accepted] += 1.0
+        for i in accepted:
+            self.accepted[i] += 1.0
 
 
 class DraftLength:
