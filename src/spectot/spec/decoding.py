@@ -347,11 +347,12 @@ class DecodeSession:
         before = self.proposer.forwards
         adapt = self.decoder.draft_length if policy is None and drafts_chains(self.proposer) else None
         look_first = adapt is not None and getattr(self.proposer, "reports_match", False)
+        context = self._context(streams) if adapt is not None and not look_first else 0
         for sampling, members in groups.items():
             k, tree, width = None, policy, 0
             if adapt is not None and not look_first:
                 room = max(_draft_room(streams[i]) for i in members)
-                k, width = adapt.choose_tree(sampling, room, len(streams), self._context(streams))
+                k, width = adapt.choose_tree(sampling, room, len(streams), context)
                 if k == 0:
                     continue
                 if width > 1:
@@ -390,7 +391,8 @@ class DecodeSession:
         if chunks:  # a chunk needs logits only where it completes its prompt
             rows = [range(len(st.tree)) for st in trees[: len(streams)]]
             rows += [[len(tokens) - 1] if len(tokens) == s.to_fill else [] for s, tokens in chunks]
-        context = [self.runner.stream_len(st.stream) for st in trees]  # for the adaptive length's forward time
+        length = self.decoder.draft_length
+        context = [self.runner.stream_len(st.stream) for st in trees] if length is not None else []  # forward time
         out = self.runner.forward(trees, logit_rows=rows, hidden_layer=self._hidden_layer())
         self.batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
@@ -398,7 +400,7 @@ class DecodeSession:
             path, next_token = self._verify(d, st.tree, logits, s)
             s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
-            if self.decoder.draft_length is not None:
+            if length is not None:
                 self._observe_length(s, d, path)
             if d.confidence is not None:
                 on_path, conf = set(path), d.confidence.tolist()
@@ -419,9 +421,8 @@ class DecodeSession:
         for s, tokens in chunks:
             accepted[s.sid] = list(range(len(tokens)))
         self.runner.commit(accepted)
-        if self.decoder.draft_length is not None:
+        if length is not None:
             work = sum(len(st.tree) * c for st, c in zip(trees, context))
-            length = self.decoder.draft_length
             length.observe_verify(time.perf_counter() - t, sum(len(st.tree) for st in trees), sum(context), work)
         for i, ((s, tokens), logits) in enumerate(zip(chunks, out.logits[len(streams) :]), start=len(streams)):
             if out.hidden is not None:
