@@ -2,11 +2,15 @@
 
 Every model is fp32, in eval mode, and built under a fixed seed, so a (family, seed, overrides)
 triple always names the same weights; models are cached for the session (nothing mutates them).
+
+SPECTOT_TEST_DEVICE=cuda puts the tiny models on that device (`make test-gpu`); checkpoints loaded
+by path follow ModelOptions' --device default ('auto': the GPU where torch sees one).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,7 +55,7 @@ def build_tiny_model(family: str = "llama", seed: int = 0, **overrides) -> PreTr
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config)
-    return model.float().eval()
+    return model.float().eval().to(os.environ.get("SPECTOT_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +106,6 @@ def build_tiny_tokenizer():
 def tiny_checkpoint(tmp_path_factory, tiny_model) -> Path:
     """A saved tiny Llama with its word-level tokenizer, loadable by path like any checkpoint."""
     path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", 0).save_pretrained(path)
+    tiny_model("llama", 0).cpu().save_pretrained(path)
     build_tiny_tokenizer().save_pretrained(path)
     return path

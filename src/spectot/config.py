@@ -85,6 +85,12 @@ class ModelOptions:
         default="smollm2-135m", **opt("target model: alias (see `spectot models`), local path or hub id")
     )
     dtype: DType = field(default="bf16", **opt("weights and compute dtype: bf16 is fast, fp32 is exact"))
+    device: str = field(
+        default="auto",
+        **opt(
+            "where the models run: 'auto' (the first CUDA GPU if torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'"
+        ),
+    )
     threads: int = field(default=0, **opt("CPU threads for torch (0 = torch's default)"))
     chat_template: bool = field(default=True, **opt("wrap prompts in the tokenizer's chat template (instruct models)"))
     kernels: Kernels = field(
@@ -102,6 +108,8 @@ class ModelOptions:
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ValueError(f"--threads must be >= 0, got {self.threads}")
+        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda", "mps", "xpu"):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got '{self.device}'")
         if self.prefix_cache < 0:
             raise ValueError(f"--prefix-cache must be >= 0 tokens, got {self.prefix_cache}")
 
@@ -421,6 +429,9 @@ class BenchDraftsOptions:
     )
     ablation: tuple[str, ...] = field(
         default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")
+    )
+    methods: str = field(
+        default="", **opt("comma-separated rows to run, e.g. ar,edd,edd+pct ('' = all; ar is always run)")
     )
     out: str = field(default="runs/bench_drafts", **opt("output folder (JSON, Markdown)"))
 

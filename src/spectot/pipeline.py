@@ -159,7 +159,7 @@ class Pipeline:
     def from_options(cls, model: ModelOptions, draft: DraftOptions) -> Pipeline:
         if model.threads:
             torch.set_num_threads(model.threads)
-        target = load_model(model.target, dtype=model.dtype)
+        target = load_model(model.target, dtype=model.dtype, device=model.device)
         proposer = make_proposer(draft, target, model)
         pipe = cls(
             target, proposer, chat_template=model.chat_template, kernels=model.kernels, prefix_cache=model.prefix_cache

@@ -56,3 +56,25 @@ def test_bench_drafts_rows_keep_ar_tokens_and_resume(tiny_checkpoint, tiny_model
     again = run_bench_drafts(model, opts)
     assert (tmp_path / "bench" / "records.jsonl").read_text().splitlines() == lines
     assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
+
+
+@pytest.mark.skipif(not (GSM8K.exists() and CREATIVE_WRITING.exists()), reason="needs ../shared/data")
+def test_bench_drafts_runs_only_the_chosen_rows(tiny_checkpoint, tiny_model, tmp_path) -> None:
+    target = tiny_model("llama", 0)
+    opts = BenchDraftsOptions(
+        gsm8k=str(GSM8K),
+        creative_writing=str(CREATIVE_WRITING),
+        gsm8k_prompts=1,
+        cw_prompts=0,
+        max_new_tokens=6,
+        k=2,
+        edd=save_draft(target, "edd", tmp_path / "edd"),
+        vdm=str(tmp_path / "no-such-vdm"),  # never loaded: its row is not chosen
+        methods="edd",
+        out=str(tmp_path / "bench"),
+    )
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    result = run_bench_drafts(model, opts)
+    assert [r["method"] for r in result["rows"] if r["prompts"] == "all"] == ["ar", "edd"]
+    with pytest.raises(ValueError, match="unknown rows \\['edd\\+tree'\\]"):
+        run_bench_drafts(model, BenchDraftsOptions(**{**opts.__dict__, "methods": "edd,edd+tree"}))

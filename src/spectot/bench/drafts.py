@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records
+from spectot.bench.records import append_record, load_records, machine_info
 from spectot.bench.trees import profile_costs
 from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline, make_proposer, size_pct_trees
@@ -102,7 +101,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
         "rows": _summarize(records, methods, len(prompts), len(questions)),
         "t_curve": records.get(("cost", "t_curve"), {}).get("t_curve", []),
         "config": config_key,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine_info(),
     }
     (out / "results.json").write_text(json.dumps(result, indent=2))
     (out / "results.md").write_text(_markdown(result))
@@ -128,7 +127,13 @@ def _methods(opts: BenchDraftsOptions) -> dict[str, DraftOptions | None]:
         if not folder:
             raise ValueError(f"--ablation expects NAME=FOLDER, got '{item}'")
         methods[name] = DraftOptions(draft=folder, num_draft_tokens=opts.k, lookup=0)
-    return methods
+    if not opts.methods:
+        return methods
+    wanted = {"ar", *opts.methods.split(",")}
+    unknown = wanted - set(methods)
+    if unknown:
+        raise ValueError(f"--methods: unknown rows {sorted(unknown)}; this run has {', '.join(methods)}")
+    return {name: draft for name, draft in methods.items() if name in wanted}
 
 
 def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> list[dict]:

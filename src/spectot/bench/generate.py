@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
+from spectot.bench.records import machine_info
 from spectot.config import BenchGenerateOptions, DraftOptions, ModelOptions
 from spectot.data.jsonl import read_field
 from spectot.models.registry import spectot_home
@@ -97,7 +97,7 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
     summary = _summarize(records, len(prompts))
     result = {
         "config": config_key,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine_info(),
         "methods": summary,
         "t_curve": curve,
     }

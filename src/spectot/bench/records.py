@@ -4,7 +4,18 @@ so an interrupted benchmark resumes where it stopped and a changed configuration
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
+
+import torch
+
+
+def machine_info() -> dict:
+    """Where a benchmark ran: the host, torch, its CPU threads and the CUDA GPU if torch sees one."""
+    info = {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
 
 
 def load_records(path: Path, config_key: dict) -> dict[tuple, dict]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records
+from spectot.bench.records import append_record, load_records, machine_info
 from spectot.explore.budget import k_total_from_curve
 from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 
@@ -118,7 +117,7 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         "concurrency": curve,
         "remote": remote,
         "config": config_key,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine_info(),
     }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "results.md").write_text(markdown(rows, curve, remote))

@@ -15,14 +15,13 @@ same distribution with other random numbers.
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records
+from spectot.bench.records import append_record, load_records, machine_info
 from spectot.config import BenchTotOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.search.policy import ComponentStats
 
@@ -110,7 +109,7 @@ def run_bench_tot(
         "rows": rows,
         "costs": costs,
         "config": config_key,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine_info(),
     }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "results.md").write_text(markdown(rows))

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import platform
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records
+from spectot.bench.records import append_record, load_records, machine_info
 from spectot.config import BenchTreesOptions, DraftOptions, ModelOptions
 from spectot.spec.profile import measure_costs
 from spectot.pipeline import Pipeline, make_proposer, make_tree_policy
@@ -135,11 +134,7 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
             bar.advance(task)
     result = _summarize(records, methods, temperatures, len(prompts), opts.gsm8k_prompts, acceptance, costs)
     result["config"] = config_key
-    result["machine"] = {
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
+    result["machine"] = machine_info()
     (out / "results.json").write_text(json.dumps(result, indent=2))
     (out / "results.md").write_text(_markdown(result))
     _plot(result, out / "results.png")

@@ -63,7 +63,7 @@ def fingerprint(target: Any) -> str:
     loaded in fp32 or bf16 (the sample is rounded to bf16 first)."""
     weight = target.get_input_embeddings().weight.detach()
     sample = weight[:: max(1, weight.shape[0] // 64)].to(torch.bfloat16).float().contiguous()
-    return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(sample.cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 def dual_block_mask(block_starts: torch.Tensor) -> torch.Tensor:
@@ -139,7 +139,7 @@ class DraftDecoder(nn.Module):
             for mine, theirs in zip(draft.model.model.layers, source):
                 mine.load_state_dict(theirs.state_dict())
             draft.model.model.norm.load_state_dict(target.model.norm.state_dict())
-        return draft
+        return draft.to(target.device)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The parameters a draft file stores (the target supplies embedding and head rows)."""
@@ -155,14 +155,16 @@ class DraftDecoder(nn.Module):
         inner = self.model.model
         x = inner.embed_tokens(tokens)
         b, t = tokens.shape
-        positions = torch.arange(t)
+        positions = torch.arange(t, device=tokens.device)
         if self.hidden_proj is not None:
             x = torch.cat([self.hidden_proj(hidden.to(x.dtype)), x], 1)
-            allowed = dual_block_mask(block_starts)
+            allowed = dual_block_mask(block_starts).to(tokens.device)
             positions = torch.cat([positions, positions])
         else:
-            allowed = torch.ones(t, t, dtype=torch.bool).tril()  # VDM: a plain causal LM
-        mask = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
+            allowed = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()  # VDM: a plain causal LM
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill(
+            ~allowed, torch.finfo(x.dtype).min
+        )
         mask = mask[None, None].expand(b, 1, -1, -1)
         cos_sin = inner.rotary_emb(x, positions[None].expand(b, -1))
         for layer in inner.layers:
@@ -200,8 +202,7 @@ class DraftDecoder(nn.Module):
             raise ValueError(
                 f"{root}: draft weights do not match its config (missing {missing}, unexpected {unexpected})"
             )
-        draft.eval()
-        return draft
+        return draft.to(target.device).eval()  # the layers were built on the host, the views on the target's device
 
 
 def head_vocabulary(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:

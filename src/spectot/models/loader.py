@@ -90,9 +90,25 @@ def resolve_checkpoint(name_or_path: str) -> Path | str:
     return name_or_path  # a hub id
 
 
+def resolve_device(device: str) -> str:
+    """'auto' -> the first CUDA GPU torch sees, else 'cpu'; any other name must be usable here."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); use cpu")
+    if kind == "cuda" and ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+        raise ModelLoadError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    return device
+
+
 def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") -> LoadedModel:
-    """Load a causal LM by alias, local path or hub id, in eval mode."""
+    """Load a causal LM by alias, local path or hub id, in eval mode, on ``device`` ('auto' allowed)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
 
     source = resolve_checkpoint(name_or_path)
     try:

@@ -137,7 +137,7 @@ def extract_features(
                 records.append(
                     {
                         "tokens": torch.tensor(sequences[i], dtype=torch.int32),
-                        "hidden": result.hidden[0].to(torch.bfloat16).clone(),
+                        "hidden": result.hidden[0].to("cpu", torch.bfloat16),  # shards hold host tensors
                         "top_ids": top.indices.to(torch.int32),
                         "top_probs": top.values.to(torch.float16),
                     }
@@ -241,6 +241,7 @@ def train(
     head_index = torch.full((vocab,), -1, dtype=torch.int64)
     head_index[draft.head_ids] = torch.arange(draft.head_ids.numel())
     params = [p for p in draft.parameters() if p.requires_grad]
+    device = params[0].device
     optimizer = torch.optim.AdamW(params, lr=settings.lr)
     batches = make_batches([r["tokens"].numel() for r in records], settings.batch_tokens)
     total_steps = max(1, math.ceil(settings.epochs * len(batches)))
@@ -248,7 +249,7 @@ def train(
     state = {"step": 0, "losses": [], "tokens": 0, "seconds": 0.0}
     job = _job_identity(records, settings)
     if resume and checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=False, map_location=device)
         if saved.get("job", job) != job:
             raise ValueError(
                 f"{checkpoint} belongs to another training job (other corpus or settings): resume it with its own "
@@ -266,11 +267,11 @@ def train(
         epoch, position = divmod(step, len(batches))
         order = list(range(len(batches)))
         random.Random(settings.seed * 1000 + epoch).shuffle(order)  # same order on resume
-        batch = collate(records, batches[order[position]], head_index)
+        batch = {k: v.to(device) for k, v in collate(records, batches[order[position]], head_index).items()}
         gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
         starts = random_block_starts(batch["tokens"].shape[1], settings.block_min, settings.block_max, gen)
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
             logits = draft(batch["tokens"], batch["hidden"] if settings.use_hidden else None, starts)
         loss = distill_loss(logits, batch["top_index"], batch["top_probs"], batch["valid"], settings.loss)
         optimizer.zero_grad(set_to_none=True)

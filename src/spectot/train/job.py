@@ -38,7 +38,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         torch.set_num_threads(model.threads)
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_model(model.target, dtype=model.dtype)
+    target = load_model(model.target, dtype=model.dtype, device=model.device)
     tokenizer = target.tokenizer
     init_folder = _starting_folder(options.init, model.target, options.kind, fingerprint(target.model))
 

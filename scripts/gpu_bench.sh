@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# spectot on a CUDA GPU, in stages that fit short leases:
+#   tests  — the engine, spec, scheduler, search and training tests with the tiny models on the GPU
+#            (SPECTOT_TEST_DEVICE=cuda); fp32 losslessness there is token-for-token, as on the CPU
+#   drafts — `spectot bench drafts` on SmolLM2 (bf16): ar, n-gram, VDM, EDD, EDD + lookup, EDD + PCT
+#   spex   — `spectot bench spex` on GSM8K: REBASE plain / sd, rStar plain / spex+sd (EDD drafts)
+# Needs python3 with torch (CUDA) and spectot's dependencies importable; run from the repository root.
+# Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
+set -u
+stages=${1:?usage: scripts/gpu_bench.sh tests,drafts,spex [OUT] [DATA] [PROBLEMS]}
+out=${2:-runs/gpu}
+data=${3:-../shared/data}
+problems=${4:-8}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+"$py" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'; print(torch.cuda.get_device_name(), torch.__version__)" || exit 1
+
+for stage in ${stages//,/ }; do
+  case $stage in
+  tests)
+    SPECTOT_TEST_DEVICE=cuda timeout "${TEST_SECONDS:-240}" "$py" -m pytest -q -p no:cacheprovider -n "${WORKERS:-8}" \
+      ${TESTS:-tests/spec tests/engine tests/schedulers tests/models tests/train tests/search tests/explore
+      tests/test_solve.py tests/bench/test_drafts_bench.py} >"$out/tests.log" 2>&1
+    echo "tests: exit $?"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | cut -c1-200 | head -40; tail -1 "$out/tests.log"
+    ;;
+  drafts)
+    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --gsm8k "$data/gsm8k/test.jsonl" \
+      --creative-writing "$data/tot_creative_writing/data_100_random_text.txt" --gsm8k-prompts 8 --cw-prompts 4 \
+      --methods "${DRAFT_ROWS:-ngram,vdm,edd,edd+pct,edd+lookup,edd+pct+lookup}" --out "$out/drafts" >"$out/drafts.log" 2>&1
+    echo "drafts: exit $?"; tail -3 "$out/drafts.log"; cat "$out/drafts/results.md" 2>/dev/null | head -30
+    ;;
+  spex)
+    common=(--device cuda --draft edd --gsm8k "$data/gsm8k/test.jsonl" --math500 "" --problems "$problems"
+      --in-flight 1 --budget 4 --no-remote --fixed-k-total 8)
+    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench spex "${common[@]}" --searches rebase --variants plain,sd --out "$out/spex_rebase" \
+      >"$out/spex_rebase.log" 2>&1
+    echo "spex rebase: exit $?"; tail -3 "$out/spex_rebase.log"; cat "$out/spex_rebase/results.md" 2>/dev/null | head -20
+    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench spex "${common[@]}" --searches rstar --variants plain,spex+sd --out "$out/spex_rstar" \
+      >"$out/spex_rstar.log" 2>&1
+    echo "spex rstar: exit $?"; tail -3 "$out/spex_rstar.log"; cat "$out/spex_rstar/results.md" 2>/dev/null | head -20
+    ;;
+  *) echo "unknown stage '$stage' (tests, drafts, spex)"; exit 2 ;;
+  esac
+done
