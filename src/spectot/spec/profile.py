@@ -69,10 +69,13 @@ def measure_costs(
         samples = []
         for rep in range(reps + 1):
             key = 10_000 + rep  # a fresh stream each time: every call catches up one new entry
-            hidden = None if hidden_layer is None else torch.zeros(prefix - 1, width)
+            hidden = None if hidden_layer is None else torch.zeros(prefix - 1, width, device=runner.device)
             proposer.propose([DraftRequest(key, tokens, k, hidden)], SamplingParams(), None)  # catch up the prefix
             request = DraftRequest(
-                key, torch.cat([tokens, tokens[:1]]), k, None if hidden is None else torch.zeros(1, width)
+                key,
+                torch.cat([tokens, tokens[:1]]),
+                k,
+                None if hidden is None else torch.zeros(1, width, device=runner.device),
             )
             t = time.perf_counter()
             proposer.propose([request], SamplingParams(), None)

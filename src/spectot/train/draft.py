@@ -239,7 +239,7 @@ def train(
 
     vocab = int(draft.model.config.vocab_size)
     head_index = torch.full((vocab,), -1, dtype=torch.int64)
-    head_index[draft.head_ids] = torch.arange(draft.head_ids.numel())
+    head_index[draft.head_ids.cpu()] = torch.arange(draft.head_ids.numel())
     params = [p for p in draft.parameters() if p.requires_grad]
     device = params[0].device
     optimizer = torch.optim.AdamW(params, lr=settings.lr)

@@ -87,7 +87,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     master = target.model.float()  # the draft trains in fp32; embedding and head are the target's
     if init_folder:
         draft = DraftDecoder.load(init_folder, master)
-        config, head_ids = draft.config, draft.head_ids
+        config, head_ids = draft.config, draft.head_ids.cpu()
     else:
         config = DraftDecoderConfig(
             kind=kind,

@@ -83,7 +83,7 @@ class DraftDecoderProposer:
         self.lookup, self.lookup_accept = lookup, lookup_accept
         self.forwards = 0
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
-        self._head_ids = draft.head_ids
+        self._head_ids = draft.head_ids.cpu()  # the drafting logic runs on the host, on host logits
         self._embedding = draft.model.get_input_embeddings().weight
         proj = draft.hidden_proj
         self._hidden_proj = None if proj is None else runner.prepare_linear(proj.weight, proj.bias)
