@@ -56,13 +56,13 @@ def fixed_tree(seed: int) -> TokenTree:
 @torch.no_grad()
 def hf_logits(model, ids: list[int]) -> torch.Tensor:
     """(V,) logits of the next token after ids."""
-    return model(torch.tensor([ids])).logits[0, -1]
+    return model(torch.tensor([ids], device=model.device)).logits[0, -1].cpu()  # the runner's logits are host ones
 
 
 @torch.no_grad()
 def hf_kv(model, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (keys, values), each (H_kv, T, D), after prefilling ids."""
-    cache = model(torch.tensor([ids]), use_cache=True).past_key_values
+    cache = model(torch.tensor([ids], device=model.device), use_cache=True).past_key_values
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
 
@@ -106,7 +106,7 @@ def test_prefill_logits_match_hf_at_every_position(model) -> None:
     sid = runner.new_stream()
     out = runner.forward([StreamTree(sid, TokenTree.chain(ids))])
     with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0]
+        expected = model(torch.tensor([ids], device=model.device)).logits[0].cpu()
     assert out.hidden is None
     assert len(out.logits) == 1
     assert (out.logits[0] - expected).abs().max().item() < LOGIT_TOL
@@ -244,7 +244,8 @@ def test_hidden_layer_matches_hf_hidden_states(model, hidden_layer: int) -> None
     assert hidden.shape == (len(tree), model.config.hidden_size)
     for node in range(len(tree)):
         with torch.no_grad():
-            states = model(torch.tensor([prefix + path_ids(tree, node)]), output_hidden_states=True).hidden_states
+            ids = torch.tensor([prefix + path_ids(tree, node)], device=model.device)
+            states = model(ids, output_hidden_states=True).hidden_states
         assert len(states) == 3
         assert (hidden[node] - states[hidden_layer][0, -1]).abs().max().item() < LOGIT_TOL
 

@@ -155,7 +155,9 @@ def test_training_forward_equals_inference(target, kind: str) -> None:
     draft = make_draft(target, kind, num_layers=1 if kind == "edd" else 2)
     with torch.no_grad():  # a non-identity projection, so a missing or misplaced projection shows
         if draft.hidden_proj is not None:
-            draft.hidden_proj.weight.add_(0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()))
+            draft.hidden_proj.weight.add_(
+                0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()).to(target.device)
+            )
     tokens = torch.tensor([5, 17, 42, 8, 3, 60, 21, 9, 14, 33, 2, 50])
     starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7, 7])
     hidden = target_hidden(target, tokens) if kind == "edd" else None
@@ -194,7 +196,7 @@ def test_save_load_round_trip(target, tmp_path) -> None:
     with torch.no_grad():  # values bf16 cannot hold exactly, so the round trip really rounds
         for p in draft.parameters():
             if p.requires_grad:
-                p.add_(1e-3 * torch.randn(p.shape, generator=gen))
+                p.add_(1e-3 * torch.randn(p.shape, generator=gen).to(p.device))
     draft.save(tmp_path / "edd", draft.head_ids)
     loaded = DraftDecoder.load(tmp_path / "edd", target)
     # the config comes back through JSON (which turns integer dict keys into strings)

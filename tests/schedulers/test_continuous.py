@@ -177,7 +177,8 @@ def test_edd_requests_prefilled_in_chunks_get_every_prompt_tokens_hidden_state(t
     config = DraftDecoderConfig("edd", 1, -2, head_ids.numel(), fingerprint(target), target.config.to_dict())
     draft = DraftDecoder.initialise(config, target, head_ids).eval()
     with torch.no_grad():  # a draft that reads its hidden states visibly (an untrained one barely does)
-        draft.hidden_proj.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+        weight = draft.hidden_proj.weight
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
     sd = DecodeConfig(max_new_tokens=12, method="sd", num_draft_tokens=3)
     long_prompts = [[(7 * i + j) % 50 + 3 for j in range(30)] for i in range(3)]
 

@@ -79,7 +79,7 @@ def ar_reference(target):
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     ids = list(prompt)
     for _ in range(n):
-        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        ids.append(int(model(torch.tensor([ids], device=model.device)).logits[0, -1].argmax()))
     return ids[len(prompt) :]
 
 
@@ -352,7 +352,8 @@ def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float
     probs: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n):
         prefixes = list(probs)
-        p = model(torch.tensor([prompt + list(s) for s in prefixes])).logits[:, -1].double().softmax(-1)
+        rows = torch.tensor([prompt + list(s) for s in prefixes], device=model.device)
+        p = model(rows).logits[:, -1].double().softmax(-1).cpu()
         probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(prefixes) for v in range(DIST_VOCAB)}
     return probs
 

@@ -304,7 +304,7 @@ def exact_joint(model, prompt: list[int], n: int, params: SamplingParams) -> dic
     probs: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n):
         prefixes = list(probs)
-        logits = model(torch.tensor([prompt + list(s) for s in prefixes])).logits[:, -1]
+        logits = model(torch.tensor([prompt + list(s) for s in prefixes], device=model.device)).logits[:, -1].cpu()
         p = target_probs(logits, params).double()
         probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(prefixes) for v in range(DIST_VOCAB)}
     return probs
@@ -392,7 +392,9 @@ def test_sampled_tree_drafts_carry_their_draft_distribution(dist_target) -> None
     params = SamplingParams(do_sample=True)
     tokens = torch.tensor(DIST_PROMPT)
     with torch.no_grad():
-        hidden = dist_target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+        hidden = dist_target(tokens[None].to(dist_target.device), output_hidden_states=True).hidden_states[
+            HIDDEN_LAYER
+        ][0]
     for children in ("without_replacement", "with_replacement"):
         prop = proposer(draft, StaticPolicy(tuple(k_config_tree((3, 2)))), children)
         gen = torch.Generator().manual_seed(0)
@@ -417,7 +419,9 @@ def test_greedy_top_k_siblings_are_the_drafts_best_tokens(dist_target) -> None:
     draft = make_draft(dist_target, "edd", torch.arange(DIST_VOCAB))
     tokens = torch.tensor(DIST_PROMPT)
     with torch.no_grad():
-        hidden = dist_target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+        hidden = dist_target(tokens[None].to(dist_target.device), output_hidden_states=True).hidden_states[
+            HIDDEN_LAYER
+        ][0]
     prop = proposer(draft, StaticPolicy(tuple(k_config_tree((3,)))), "top")
     (d,) = prop.propose([DraftRequest(0, tokens, 1, hidden[:-1])], SamplingParams(), None)
     runner = ModelRunner(draft.model)
@@ -440,7 +444,8 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
     barely reads them: reversing the cached rows moved its confidences by only 2e-5)."""
     edd = make_draft(target, "edd", HEAD_IDS)
     with torch.no_grad():
-        edd.hidden_proj.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+        weight = edd.hidden_proj.weight
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
     prompt0 = [3, 17, 42, 8, 21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38, 5, 19, 23]  # above MIN_SHARED_PREFIX
     config = DecodeConfig(method="sd", max_new_tokens=24, sampling=sampling, num_draft_tokens=3)
 
