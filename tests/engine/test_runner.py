@@ -28,6 +28,12 @@ def model(request, tiny_model):
     return tiny_model(request.param, FAMILY_SEEDS[request.param])
 
 
+@pytest.fixture(params=[True, False], ids=["native", "batched"])
+def native(request) -> bool:
+    """Attention in spectot's CPU kernel, or the batched float64 path a GPU runs."""
+    return request.param
+
+
 def random_tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -100,9 +106,9 @@ def assert_stream_kv_matches(runner: ModelRunner, model, sid: int, ids: list[int
 # -- logits --------------------------------------------------------------------------------
 
 
-def test_prefill_logits_match_hf_at_every_position(model) -> None:
+def test_prefill_logits_match_hf_at_every_position(model, native: bool) -> None:
     ids = random_tokens(9, seed=10)
-    runner = ModelRunner(model)
+    runner = ModelRunner(model, native_attention=native)
     sid = runner.new_stream()
     out = runner.forward([StreamTree(sid, TokenTree.chain(ids))])
     with torch.no_grad():
@@ -113,22 +119,22 @@ def test_prefill_logits_match_hf_at_every_position(model) -> None:
 
 
 @pytest.mark.parametrize("tree_seed", [0, 1])
-def test_tree_logits_match_hf_on_each_root_to_node_path(model, tree_seed: int) -> None:
+def test_tree_logits_match_hf_on_each_root_to_node_path(model, tree_seed: int, native: bool) -> None:
     prefix = random_tokens(6, seed=20 + tree_seed)
     tree = fixed_tree(seed=30 + tree_seed)
     assert int(tree.depths.max()) == 3
-    runner = ModelRunner(model)
+    runner = ModelRunner(model, native_attention=native)
     sid = prefill(runner, prefix)
     out = runner.forward([StreamTree(sid, tree)])
     assert_tree_logits_match(model, prefix, tree, out.logits[0])
 
 
 @pytest.mark.parametrize("tree_seed", [2, 3, 4])
-def test_random_topology_tree_logits_match_hf(tiny_llama, tree_seed: int) -> None:
+def test_random_topology_tree_logits_match_hf(tiny_llama, tree_seed: int, native: bool) -> None:
     model = tiny_llama(0)
     prefix = random_tokens(4, seed=40 + tree_seed)
     tree = random_tree(7, seed=tree_seed)
-    runner = ModelRunner(model)
+    runner = ModelRunner(model, native_attention=native)
     sid = prefill(runner, prefix)
     out = runner.forward([StreamTree(sid, tree)])
     assert_tree_logits_match(model, prefix, tree, out.logits[0])
@@ -145,8 +151,8 @@ def build_three_streams(runner: ModelRunner) -> dict[str, tuple[int, list[int]]]
     return {"A": (a, a_ids), "B": (b, b_ids), "C": (c, a_ids + c_extra)}
 
 
-def test_several_streams_in_one_forward_match_each_alone(model) -> None:
-    runner = ModelRunner(model)
+def test_several_streams_in_one_forward_match_each_alone(model, native: bool) -> None:
+    runner = ModelRunner(model, native_attention=native)
     streams = build_three_streams(runner)
     assert runner.cache.used == 5 + 8 + 2  # C's prefix is A's slots, not a copy
     trees = {"A": fixed_tree(seed=60), "B": TokenTree.chain(random_tokens(3, seed=61)), "C": random_tree(5, seed=62)}
@@ -172,8 +178,8 @@ def test_last_only_returns_each_trees_last_node(tiny_llama) -> None:
 # -- commit ----------------------------------------------------------------------------------
 
 
-def test_commit_leaves_the_cache_hf_would_prefill(model) -> None:
-    runner = ModelRunner(model)
+def test_commit_leaves_the_cache_hf_would_prefill(model, native: bool) -> None:
+    runner = ModelRunner(model, native_attention=native)
     streams = build_three_streams(runner)
     before = {name: runner.stream_len(sid) for name, (sid, _) in streams.items()}
     trees = {"A": fixed_tree(seed=80), "B": TokenTree.chain(random_tokens(3, seed=81)), "C": random_tree(5, seed=82)}
@@ -232,11 +238,11 @@ def test_truncate_rolls_back_and_release_frees(tiny_llama) -> None:
 
 
 @pytest.mark.parametrize("hidden_layer", [0, 1, 2, -1, -2])
-def test_hidden_layer_matches_hf_hidden_states(model, hidden_layer: int) -> None:
+def test_hidden_layer_matches_hf_hidden_states(model, hidden_layer: int, native: bool) -> None:
     # transformers' hidden_states: 0 = embeddings, 1 = layer 1's output, 2 (the last) = after the final norm
     prefix = random_tokens(4, seed=120)
     tree = fixed_tree(seed=121)
-    runner = ModelRunner(model)
+    runner = ModelRunner(model, native_attention=native)
     sid = prefill(runner, prefix)
     out = runner.forward([StreamTree(sid, tree)], hidden_layer=hidden_layer)
     assert out.hidden is not None

@@ -184,6 +184,26 @@ def test_batch_equals_each_stream_alone(target, other_draft, ar_reference, metho
     assert [r.token_ids for r in again] == [r.token_ids for r in together]
 
 
+@pytest.mark.parametrize("draft", ["other", "same", "ngram"])
+def test_the_batched_attention_path_keeps_ar_greedy(target, other_draft, ar_reference, draft: str) -> None:
+    """The batched float64 attention a GPU runs (forced here on the CPU): the three prompts decoded together
+    by sd with target and draft on that path give the greedy AR reference, token for token."""
+    prompts = [case[0] for case in CASES]
+    runner = ModelRunner(target, native_attention=False)
+    proposer = NgramProposer() if draft == "ngram" else None
+    if proposer is None:
+        proposer = DraftModelProposer(ModelRunner(target if draft == "same" else other_draft, native_attention=False))
+    decoder = Decoder(runner, (), proposer)
+    outs = decoder.generate(prompts, DecodeConfig(max_new_tokens=REF_TOKENS, method="sd", num_draft_tokens=3))
+    assert [o.token_ids for o in outs] == [ar_reference(p) for p in prompts]
+    assert sum(o.stats.accepted for o in outs) > 0
+    ar = Decoder(ModelRunner(target, native_attention=False)).generate(
+        prompts, DecodeConfig(max_new_tokens=REF_TOKENS, method="ar")
+    )
+    assert [o.token_ids for o in ar] == [ar_reference(p) for p in prompts]
+    assert_caches_empty(decoder)
+
+
 def test_cache_growth_mid_generation_changes_nothing(target, other_draft, ar_reference) -> None:
     # target and draft caches start with 4 slots and must grow several times during the run
     decoder = Decoder(ModelRunner(target, capacity=4), (), DraftModelProposer(ModelRunner(other_draft, capacity=4)))

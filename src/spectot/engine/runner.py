@@ -17,7 +17,6 @@ slot, so the cache equals what prefilling the accepted tokens would give.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -51,6 +50,21 @@ def batch_invariant_attention(
     scores = torch.matmul(q.double(), k.double().transpose(-1, -2)).mul_(scale)  # (H_kv, B, G*n, S)
     scores = scores.view(h_kv, b, -1, n, s).add_(mask[:, None])  # query heads of a group share the mask
     return torch.matmul(scores.softmax(-1).view(h_kv, b, -1, s), v.double())
+
+
+def rotation_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, D) cos and sin -> (N, 1, D) cos and signed sin [-sin_1, sin_2] (halves of the head dim), so that
+    ``rotate`` needs no negation: transformers' rotate_half(x) * sin is [-x_2, x_1] * sin, and
+    -x_2 * sin_1 == x_2 * -sin_1 bit for bit."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat([-sin[:, :half], sin[:, half:]], -1)[:, None]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of (N, heads, D) rows, x cos + [x_2, x_1] signed_sin: the same products and sum as
+    transformers' apply_rotary_pos_emb, in four ops for q and k together."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * signed_sin
 
 
 def fused_attention(
@@ -246,6 +260,7 @@ class _AttentionBatch:
     real: torch.Tensor  # (B*n,) bool: which padded queries are real rows (they are in forward order)
     columns: torch.Tensor  # (B*S,) the cache slot of each padded column (padding reads slot 0, masked out)
     mask: torch.Tensor  # (B, n, S) float64 additive; padded columns -inf, padded rows see everything
+    padded: bool  # some stream has fewer than n rows (else every query is real: no row to drop)
 
     @classmethod
     def pad(
@@ -271,6 +286,7 @@ class _AttentionBatch:
             real.flatten().to(device),
             column_index.flatten().to(device),
             mask.to(device),
+            any(rows < n for _, rows, _, _ in streams),
         )
 
 
@@ -290,13 +306,15 @@ class ModelRunner:
         capacity: int = 1024,
         kernels: LinearKernel = "auto",
         exact_attention: bool = True,
+        native_attention: bool = True,
     ) -> None:
-        """Attention runs in spectot's native kernel where it builds (exact by construction, and the
-        fastest: a 3-row draft forward of the one-layer EDD takes 0.41 ms with it against 0.62 ms with
-        torch's fused SDPA on a 2-core Zen 5). Without it, ``exact_attention`` picks the batched
-        float64 path (targets: their rows must equal AR steps) or, with False, torch's fused SDPA,
-        whose result for a row depends on the batch layout -- fine for a draft, since verification is
-        exact for whatever q the draft reports."""
+        """Attention runs in spectot's native kernel where it builds (CPU tensors; exact by construction,
+        and the fastest: a 3-row draft forward of the one-layer EDD takes 0.41 ms with it against 0.62 ms
+        with torch's fused SDPA on a 2-core Zen 5). Without it (a GPU, or ``native_attention=False``:
+        the tests run a GPU's path on the CPU this way), ``exact_attention`` picks the batched float64
+        path (targets: their rows must equal AR steps) or, with False, torch's fused SDPA, whose result
+        for a row depends on the batch layout -- fine for a draft, since verification is exact for
+        whatever q the draft reports."""
         config = model.config
         limit = check_architecture(config)
         self.model = model
@@ -316,7 +334,6 @@ class ModelRunner:
         self._linear = pick_linear(self.dtype, self.device, kernels)
         self._lm_head = self._linear.prepare(lm_head.weight, lm_head.bias)
         attn = inner.layers[0].self_attn
-        self._apply_rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.head_dim = int(attn.head_dim)
         self.num_kv_heads = int(config.num_key_value_heads)
         self._layers = [_Layer.of(layer, self._linear) for layer in inner.layers]
@@ -333,7 +350,7 @@ class ModelRunner:
         self._pending: _Pending | None = None
         self._attend = batch_invariant_attention if exact_attention else fused_attention
         self._attention_dtype = torch.float64 if exact_attention else self.dtype
-        self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim)
+        self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim) if native_attention else None
         self._ops = pick_decoder_ops(config, self.dtype, self.device, kernels)
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
@@ -483,9 +500,10 @@ class ModelRunner:
         linear = self._linear
         x = embeds[None]  # (1, N, H)
         cos, sin = self._cos_sin(x, positions)
+        rope = (cos[0], sin[0]) if self._ops is not None else rotation_factors(cos[0], sin[0])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
-            x = x + self._attention(i, layer, self._rms_norm(layer.input_norm, x), cos, sin, layout, start)
+            x = x + self._attention(i, layer, self._rms_norm(layer.input_norm, x), rope, layout, start)
             x = x + self._mlp(layer, self._rms_norm(layer.post_norm, x))
             if hidden_index == i + 1 < len(self._layers):
                 hidden = x[0]
@@ -509,9 +527,9 @@ class ModelRunner:
         cos, sin = self._rope_table
         return cos[:, positions], sin[:, positions]
 
-    def _rms_norm(self, norm: Callable, x: torch.Tensor) -> torch.Tensor:
-        if self._ops is None:
-            return norm(x)
+    def _rms_norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
+        if self._ops is None:  # transformers' RMSNorm in one call (on the CPU the same ops in the same order)
+            return torch.nn.functional.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
         return self._ops.rms_norm(x.contiguous(), norm.weight, norm.variance_epsilon)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
@@ -527,8 +545,7 @@ class ModelRunner:
         index: int,
         layer: _Layer,
         x: torch.Tensor,  # (1, N, H)
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],  # the fused op's (cos, sin), else rotation_factors'
         layout: _RowColumns | list[_AttentionBatch],
         start: int,
     ) -> torch.Tensor:
@@ -536,16 +553,16 @@ class ModelRunner:
         qkv = self._linear(x, layer.qkv)
         new = self.cache.buffer[index, start : start + n_rows]  # (N, 2, H_kv, D)
         if self._ops is not None:  # rotary q and k, k and v into the new slots, in one call
-            q = self._ops.rope_store(qkv.view(n_rows, -1), cos[0], sin[0], new, self._q_heads, self.num_kv_heads)[None]
-        else:
-            shape = (1, n_rows, -1, self.head_dim)
-            q, k, v = qkv.split([qkv.shape[-1] - 2 * self._kv_size, self._kv_size, self._kv_size], -1)
-            q, k, v = q.view(shape), k.view(shape), v.view(shape)
+            q = self._ops.rope_store(qkv.view(n_rows, -1), *rope, new, self._q_heads, self.num_kv_heads)[None]
+        else:  # torch ops (a GPU, fp32): few of them, since each costs a launch
+            heads = qkv.view(n_rows, -1, self.head_dim)  # (N, H + 2 H_kv, D): q heads, k heads, v heads
+            qk = heads[:, : self._q_heads + self.num_kv_heads]
             if layer.q_norm is not None:  # Qwen3 normalises heads before rotary
-                q, k = layer.q_norm(q), layer.k_norm(k)
-            q, k = self._apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, H, N, D)
-            new[:, 0] = k[0].transpose(0, 1)
-            new[:, 1] = v[0]
+                qk = torch.cat([layer.q_norm(qk[:, : self._q_heads]), layer.k_norm(qk[:, self._q_heads :])], 1)
+            qk = rotate(qk, *rope)
+            new[:, 0] = qk[:, self._q_heads :]
+            new[:, 1] = heads[:, self._q_heads + self.num_kv_heads :]
+            q = qk[:, : self._q_heads].transpose(0, 1)[None]  # (1, H, N, D)
         kv = self.cache.buffer[index]  # (capacity, 2, H_kv, D)
         if isinstance(layout, _RowColumns):  # the native kernel reads each row's slots in place
             out = self._kernel(q[0].contiguous(), kv, layout.columns, layout.row_ptr, layer.scaling)
@@ -554,16 +571,19 @@ class ModelRunner:
         parts = []
         for batch in layout:  # each stream attends only to its own slots
             b, n, s = batch.mask.shape
-            queries = q[0][:, batch.rows].view(self.num_kv_heads, group, b, n, -1).transpose(1, 2)
+            queries = q[0] if b == len(layout) == 1 else q[0][:, batch.rows]  # one stream: its rows in order
+            queries = queries.view(self.num_kv_heads, group, b, n, -1).transpose(1, 2)
             keys_values = kv.index_select(0, batch.columns).view(b, s, *kv.shape[1:]).permute(2, 3, 0, 1, 4)
             keys_values = keys_values.to(self._attention_dtype, memory_format=torch.contiguous_format)
             out = self._attend(
                 queries.reshape(self.num_kv_heads, b, group * n, -1), *keys_values, batch.mask, layer.scaling
             )
-            out = out.view(self.num_kv_heads, b, group, n, -1).transpose(1, 2).reshape(q.shape[1], b * n, -1)
-            parts.append(out[:, batch.real])
-        out = torch.cat(parts, 1) if len(parts) > 1 else parts[0]  # (H, N, D)
-        return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o)
+            # (H_kv, B, G*n, D) -> rows (B*n, H*D) in the model dtype, one copy
+            out = out.view(self.num_kv_heads, b, group, n, -1).permute(1, 3, 0, 2, 4)
+            out = out.to(x.dtype, memory_format=torch.contiguous_format).view(b * n, -1)
+            parts.append(out[batch.real] if batch.padded else out)
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]  # (N, H*D)
+        return self._linear(out[None], layer.o)
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, accepted: dict[int, Sequence[int]] | None = None) -> None:
