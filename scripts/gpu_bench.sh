@@ -2,12 +2,14 @@
 # spectot on a CUDA GPU, in stages that fit short leases:
 #   tests  — the engine, spec, scheduler, search and training tests with the tiny models on the GPU
 #            (SPECTOT_TEST_DEVICE=cuda); fp32 losslessness there is token-for-token, as on the CPU
+#   kernels — spectot's CPU kernel tests in one process (an H200 host's CPU crashed them under xdist once)
+#   exact  — `spectot bench drafts --dtype fp32` on 2 GSM8K prompts: every draft's tokens must be ar's
 #   drafts — `spectot bench drafts` on SmolLM2 (bf16): ar, n-gram, VDM, EDD, EDD + lookup, EDD + PCT
 #   spex   — `spectot bench spex` on GSM8K: REBASE plain / sd, rStar plain / spex+sd (EDD drafts)
 # Needs python3 with torch (CUDA) and spectot's dependencies importable; run from the repository root.
 # Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
 set -u
-stages=${1:?usage: scripts/gpu_bench.sh tests,drafts,spex [OUT] [DATA] [PROBLEMS]}
+stages=${1:?usage: scripts/gpu_bench.sh tests,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
 out=${2:-runs/gpu}
 data=${3:-../shared/data}
 problems=${4:-8}
@@ -27,6 +29,23 @@ for stage in ${stages//,/ }; do
     echo "tests: exit $?"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | cut -c1-160 | head -25
     grep -E "^E |Error: " "$out/tests.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -15; tail -1 "$out/tests.log"
     ;;
+  kernels)
+    timeout "${TEST_SECONDS:-240}" "$py" -X faulthandler -m pytest -q -p no:cacheprovider -p no:xdist \
+      tests/engine/test_kernels.py tests/engine/test_decoder_ops.py --tb=line >"$out/kernels.log" 2>&1
+    echo "kernels: exit $?"; grep -E "^(FAILED|ERROR)|Fatal|File .*test_" "$out/kernels.log" | head -20; tail -1 "$out/kernels.log"
+    ;;
+  exact)
+    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --dtype fp32 --gsm8k "$data/gsm8k/test.jsonl" \
+      --gsm8k-prompts 2 --cw-prompts 0 --max-new-tokens 64 --methods "${EXACT_ROWS:-ngram,edd,edd+pct+lookup}" \
+      --out "$out/exact" >"$out/exact.log" 2>&1
+    echo "exact: exit $?"; tail -2 "$out/exact.log"
+    "$py" - "$out/exact/records.jsonl" <<'PY'
+import json, sys
+tokens = {tuple(r["key"]): r["value"]["tokens"] for r in map(json.loads, open(sys.argv[1])) if r["key"][0] != "cost"}
+same = {k: v == tokens[("ar", k[1])] for k, v in tokens.items() if k[0] != "ar"}
+print(f"fp32 on the GPU: {sum(same.values())} of {len(same)} draft runs equal ar token for token;", "differ:", [k for k, v in same.items() if not v])
+PY
+    ;;
   drafts)
     timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --gsm8k "$data/gsm8k/test.jsonl" \
       --creative-writing "$data/tot_creative_writing/data_100_random_text.txt" --gsm8k-prompts 8 --cw-prompts 4 \
@@ -43,6 +62,6 @@ for stage in ${stages//,/ }; do
       >"$out/spex_rstar.log" 2>&1
     echo "spex rstar: exit $?"; tail -3 "$out/spex_rstar.log"; cat "$out/spex_rstar/results.md" 2>/dev/null | head -20
     ;;
-  *) echo "unknown stage '$stage' (tests, drafts, spex)"; exit 2 ;;
+  *) echo "unknown stage '$stage' (tests, kernels, exact, drafts, spex)"; exit 2 ;;
   esac
 done

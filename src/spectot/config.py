@@ -381,7 +381,7 @@ class BenchTreesOptions:
         default="../shared/data/tot_creative_writing/data_100_random_text.txt", **opt("ToT Creative Writing inputs")
     )
     gsm8k_prompts: int = field(default=8, **opt("first N GSM8K test questions"))
-    cw_prompts: int = field(default=4, **opt("Creative Writing inputs, from --cw-offset"))
+    cw_prompts: int = field(default=4, **opt("Creative Writing inputs, from --cw-offset (0: none)"))
     cw_offset: int = field(
         default=60, **opt("skip the first N Creative Writing lines (spectot's drafts trained on lines 1-60)")
     )
@@ -411,8 +411,8 @@ class BenchDraftsOptions:
         default="../shared/data/tot_creative_writing/data_100_random_text.txt", **opt("ToT Creative Writing inputs")
     )
     gsm8k_offset: int = field(default=0, **opt("skip the first N GSM8K questions"))
-    gsm8k_prompts: int = field(default=8, **opt("GSM8K questions"))
-    cw_prompts: int = field(default=4, **opt("Creative Writing inputs, from --cw-offset"))
+    gsm8k_prompts: int = field(default=8, **opt("GSM8K questions (0: none)"))
+    cw_prompts: int = field(default=4, **opt("Creative Writing inputs, from --cw-offset (0: none)"))
     cw_offset: int = field(
         default=60, **opt("skip the first N Creative Writing lines (spectot's drafts trained on lines 1-60)")
     )

@@ -76,5 +76,7 @@ def test_bench_drafts_runs_only_the_chosen_rows(tiny_checkpoint, tiny_model, tmp
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     result = run_bench_drafts(model, opts)
     assert [r["method"] for r in result["rows"] if r["prompts"] == "all"] == ["ar", "edd"]
+    records = (tmp_path / "bench" / "records.jsonl").read_text()
+    assert '"key": ["edd", 0]' in records and '"key": ["ar", 1]' not in records  # --cw-prompts 0: none
     with pytest.raises(ValueError, match="unknown rows \\['edd\\+tree'\\]"):
         run_bench_drafts(model, BenchDraftsOptions(**{**opts.__dict__, "methods": "edd,edd+tree"}))

@@ -66,7 +66,8 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
     pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
     questions = read_field(opts.gsm8k, "question", opts.gsm8k_prompts + opts.measure_prompts)
     texts = questions[: opts.gsm8k_prompts] + [
-        cot_prompt(s) for s in read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts)
+        cot_prompt(s)
+        for s in (read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts) if opts.cw_prompts else [])
     ]
     prompts = [pipe.encode(t) for t in texts]
     measure_prompts = [pipe.encode(q) for q in questions[opts.gsm8k_prompts :]]
