@@ -435,6 +435,12 @@ class BenchDraftsOptions:
     )
     out: str = field(default="runs/bench_drafts", **opt("output folder (JSON, Markdown)"))
 
+    def __post_init__(self) -> None:
+        if self.gsm8k_prompts < 0 or self.cw_prompts < 0:
+            raise ValueError("--gsm8k-prompts and --cw-prompts count prompts: they must be >= 0")
+        if self.gsm8k_prompts + self.cw_prompts == 0:
+            raise ValueError("bench drafts needs prompts: --gsm8k-prompts or --cw-prompts above 0")
+
 
 TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
 EngineName = Literal[

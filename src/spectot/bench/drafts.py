@@ -46,8 +46,6 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     questions = read_field(opts.gsm8k, "question", wanted)[opts.gsm8k_offset :] if opts.gsm8k_prompts else []
     inputs = read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts) if opts.cw_prompts else []
     texts = questions + [cot_prompt(s) for s in inputs]
-    if not texts:
-        raise ValueError("bench drafts needs prompts: --gsm8k-prompts or --cw-prompts above 0")
     prompts = [pipe.encode(t) for t in texts]
     methods = _methods(opts)
     config_key = {**asdict(opts), **asdict(model_opts)}
