@@ -230,7 +230,8 @@ class GenerateOptions:
     prompt: str | None = field(default=None, **opt("one prompt text"))
     prompts: str | None = field(default=None, **opt("JSONL file of prompts (one object per line)"))
     field_name: str = field(default="question", **opt("JSON field holding the prompt in --prompts", flag="--field"))
-    limit: int = field(default=0, **opt("use only the first N prompts of --prompts (0 = all)"))
+    offset: int = field(default=0, **opt("skip the first N prompts of --prompts"))
+    limit: int = field(default=0, **opt("use only N prompts of --prompts, from --offset (0 = all)"))
     batch_size: int = field(default=1, **opt("prompts decoded together, one target forward per step for all"))
     json: bool = field(default=False, **opt("print one JSON object per prompt (text, token ids, stats)"))
     out: str | None = field(
@@ -246,6 +247,8 @@ class GenerateOptions:
             raise ValueError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.offset < 0 or self.limit < 0:
+            raise ValueError("--offset and --limit count prompts: they must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,20 @@ def test_generate_json_sd_equals_ar(capsys, checkpoint, tmp_path) -> None:
         assert record["stats"]["mean_acceptance_length"] >= 1.0
 
 
+def test_generate_offset_and_limit_pick_the_prompts(capsys, checkpoint, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"q": "w{i} w{i + 1}"}}\n' for i in range(5)))
+    common = ["generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template", "--method", "ar"]
+    common += ["--prompts", str(prompts), "--field", "q", "--max-new-tokens", "2", "--json"]
+    code, out, _ = run(capsys, *common, "--offset", "1", "--limit", "2")
+    assert code == 0
+    assert [json.loads(line)["prompt"] for line in out.splitlines()] == ["w1 w2", "w2 w3"]
+    code, out, _ = run(capsys, *common, "--offset", "3")
+    assert [json.loads(line)["prompt"] for line in out.splitlines()] == ["w3 w4", "w4 w5"]
+    code, _, err = run(capsys, *common, "--offset", "-1")
+    assert code == 2 and "--offset and --limit" in err
+
+
 def test_malformed_prompt_line_is_named(capsys, checkpoint, tmp_path) -> None:
     prompts = tmp_path / "bad.jsonl"
     prompts.write_text('{"question": "w1"}\n{"question": oops}\n')

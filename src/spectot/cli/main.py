@@ -270,7 +270,9 @@ def _generate(args: argparse.Namespace) -> int:
     prompts = (
         [options.prompt]
         if options.prompt is not None
-        else read_field(options.prompts, options.field_name, options.limit)
+        else read_field(options.prompts, options.field_name, options.offset + options.limit if options.limit else 0)[
+            options.offset :
+        ]
     )
     done = 0
     if options.out:
