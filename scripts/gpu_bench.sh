@@ -2,6 +2,7 @@
 # spectot on a CUDA GPU, in stages that fit short leases:
 #   tests  — the engine, spec, scheduler, search and training tests with the tiny models on the GPU
 #            (SPECTOT_TEST_DEVICE=cuda); fp32 losslessness there is token-for-token, as on the CPU
+#   ops    — scripts/runner_ops.py on the GPU: aten ops and time of one forward (bf16)
 #   kernels — spectot's CPU kernel tests in one process (an H200 host's CPU crashed them under xdist once)
 #   exact  — `spectot bench drafts --dtype fp32` on 2 GSM8K prompts: every draft's tokens must be ar's
 #   drafts — `spectot bench drafts` on SmolLM2 (bf16): ar, n-gram, VDM, EDD, EDD + lookup, EDD + PCT
@@ -9,7 +10,7 @@
 # Needs python3 with torch (CUDA) and spectot's dependencies importable; run from the repository root.
 # Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
 set -u
-stages=${1:?usage: scripts/gpu_bench.sh tests,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
+stages=${1:?usage: scripts/gpu_bench.sh tests,ops,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
 out=${2:-runs/gpu}
 data=${3:-../shared/data}
 problems=${4:-8}
@@ -28,6 +29,9 @@ for stage in ${stages//,/ }; do
       >"$out/tests.log" 2>&1  # (the ignored files test spectot's CPU kernels)
     echo "tests: exit $?"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | cut -c1-160 | head -25
     grep -E "^E |Error: " "$out/tests.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -15; tail -1 "$out/tests.log"
+    ;;
+  ops)
+    timeout "${STAGE_SECONDS:-600}" "$py" scripts/runner_ops.py --device cuda --dtype bf16 2>&1 | grep -E "aten ops|Error"
     ;;
   kernels)
     timeout "${TEST_SECONDS:-240}" "$py" -X faulthandler -m pytest -q -p no:cacheprovider -p no:xdist \
@@ -62,6 +66,6 @@ PY
       >"$out/spex_rstar.log" 2>&1
     echo "spex rstar: exit $?"; tail -3 "$out/spex_rstar.log"; cat "$out/spex_rstar/results.md" 2>/dev/null | head -20
     ;;
-  *) echo "unknown stage '$stage' (tests, kernels, exact, drafts, spex)"; exit 2 ;;
+  *) echo "unknown stage '$stage' (tests, ops, kernels, exact, drafts, spex)"; exit 2 ;;
   esac
 done
