@@ -108,7 +108,7 @@ class ModelOptions:
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ValueError(f"--threads must be >= 0, got {self.threads}")
-        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda", "mps", "xpu"):
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.removeprefix("cuda:").isdigit():
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got '{self.device}'")
         if self.prefix_cache < 0:
             raise ValueError(f"--prefix-cache must be >= 0 tokens, got {self.prefix_cache}")

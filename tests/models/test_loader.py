@@ -149,3 +149,26 @@ def test_eos_ids_collects_every_source() -> None:
     assert eos_ids(model, tokenizer) == (2, 5, 7)
     bare = types.SimpleNamespace(generation_config=None, config=types.SimpleNamespace(eos_token_id=None))
     assert eos_ids(bare, types.SimpleNamespace(eos_token_id=None)) == ()
+
+
+def test_device_auto_picks_the_gpu_torch_sees_else_the_cpu() -> None:
+    from spectot.models.loader import resolve_device
+
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_a_cuda_device_without_a_gpu_is_refused_before_loading() -> None:
+    from spectot.models.loader import ModelLoadError, resolve_device
+
+    with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+        resolve_device("cuda:0")
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "mps"])
+def test_unknown_device_names_are_refused(device: str) -> None:
+    from spectot.config import ModelOptions
+
+    with pytest.raises(ValueError, match="--device must be"):
+        ModelOptions(device=device)

@@ -528,7 +528,7 @@ class ModelRunner:
         return cos[:, positions], sin[:, positions]
 
     def _rms_norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
-        if self._ops is None:  # transformers' RMSNorm in one call (on the CPU the same ops in the same order)
+        if self._ops is None:  # transformers' RMSNorm in one call: equal bits in fp32; in bf16 one rounding, not two
             return torch.nn.functional.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
         return self._ops.rms_norm(x.contiguous(), norm.weight, norm.variance_epsilon)
 
