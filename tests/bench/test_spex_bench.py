@@ -34,7 +34,9 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     assert all(r["problems"] == 2 for r in result["rows"])
     assert result["rows"][1]["speculated"] > 0
     assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2
-    assert "| gsm8k | rebase | 2 | spex |" in (tmp_path / "results.md").read_text()
+    table = (tmp_path / "results.md").read_text()
+    assert "| gsm8k | rebase | 2 | spex |" in table
+    assert "k_total = 8 (fixed" in table and result["concurrency"] is None  # no throughput sweep when fixed
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
     again = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)  # everything from the records
     assert (tmp_path / "records.jsonl").read_text().splitlines() == lines

@@ -58,11 +58,13 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     config_key |= {**asdict(model), **asdict(draft), **asdict(tree)}
     records = load_records(out / "records.jsonl", config_key)
 
-    curve = records.get(("concurrency",))
-    if curve is None:
-        curve = measure_concurrency(pipe)
-        append_record(out / "records.jsonl", config_key, ("concurrency",), curve, records)
-    k_total = opts.fixed_k_total or _k_total(curve)
+    k_total = opts.fixed_k_total
+    if not k_total:  # read off the engine's throughput curve (minutes on a slow machine: skipped when fixed)
+        curve = records.get(("concurrency",))
+        if curve is None:
+            curve = measure_concurrency(pipe)
+            append_record(out / "records.jsonl", config_key, ("concurrency",), curve, records)
+        k_total = _k_total(curve)
 
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
     stale = [c for c in cells if c in records and records[c].get("data") != dict(tasks)[c[0]]]
@@ -205,11 +207,11 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
             "ceiling (plain BFS rows): the plain trees' level-synchronous time over their critical path, the "
             "speedup perfect speculation with free concurrency would reach on the same trees.",
         ]
-    conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
-    lines += [
-        "",
-        f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {curve['k_total']}.",
-    ]
+    if curve is not None:
+        conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
+        lines += ["", f"Local engine throughput (requests in flight: tokens/s): {conc}; k_total = {curve['k_total']}."]
+    elif rows:
+        lines += ["", f"k_total = {rows[0]['k_total']} (fixed by --fixed-k-total; throughput curve not measured)."]
     if remote is not None:
         lines.append(
             f"Remote path ({remote['task']}, {remote['search']}, {remote['questions']} questions through "
