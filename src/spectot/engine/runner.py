@@ -32,8 +32,8 @@ from spectot.models.loader import check_architecture
 
 def batch_invariant_attention(
     q: torch.Tensor,  # (H_kv, B, G*n, D): query head h_kv*G + g of row i at [h_kv, b, g*n + i]
-    k: torch.Tensor,  # (H_kv, B, S, D)
-    v: torch.Tensor,  # (H_kv, B, S, D)
+    k: torch.Tensor,  # (H_kv, B, S, D) float64
+    v: torch.Tensor,  # (H_kv, B, S, D) float64
     mask: torch.Tensor,  # (B, n, S) float64 additive
     scale: float,
 ) -> torch.Tensor:
@@ -47,9 +47,9 @@ def batch_invariant_attention(
     """
     h_kv, b, s, _ = k.shape
     n = mask.shape[1]
-    scores = torch.matmul(q.double(), k.double().transpose(-1, -2)).mul_(scale)  # (H_kv, B, G*n, S)
+    scores = torch.matmul(q.double(), k.transpose(-1, -2)).mul_(scale)  # (H_kv, B, G*n, S)
     scores = scores.view(h_kv, b, -1, n, s).add_(mask[:, None])  # query heads of a group share the mask
-    return torch.matmul(scores.softmax(-1).view(h_kv, b, -1, s), v.double())
+    return torch.matmul(scores.softmax(-1).view(h_kv, b, -1, s), v)
 
 
 def rotation_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
