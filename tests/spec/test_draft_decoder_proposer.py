@@ -161,7 +161,7 @@ def test_lookup_branch_is_grafted_below_the_drafts_chain(target, drafts) -> None
     draft's own chain, which keeps its tokens and confidences; the grafted nodes carry no confidence (NaN)."""
     tokens = torch.tensor(REPEATING[0])
     with torch.no_grad():
-        hidden = target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+        hidden = target(tokens[None].to(target.device), output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
     request = DraftRequest(0, tokens, 3, hidden[:-1])
     (plain,) = proposer(drafts["edd"]).propose([request], SamplingParams(), None)
     grafted = proposer(drafts["edd"])
@@ -220,7 +220,7 @@ def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, 
     draft = drafts[kind]
     tokens = torch.tensor([3, 17, 42, 8, 21, 9, 60])  # the last one is the pending token
     with torch.no_grad():
-        hidden = target(tokens[None], output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+        hidden = target(tokens[None].to(target.device), output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
     request = DraftRequest(0, tokens, 4, hidden[:-1] if kind == "edd" else None)
     (chain,) = proposer(draft).propose([request], SamplingParams(), None)
     assert chain.parents is None and chain.tokens.numel() == 4 and chain.q is None  # a chain, deterministic
