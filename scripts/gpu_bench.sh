@@ -10,7 +10,8 @@
 # Needs python3 with torch (CUDA) and spectot's dependencies importable; run from the repository root.
 # Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
 # Knobs (environment): STAGE_SECONDS / TEST_SECONDS (each stage's timeout), WORKERS (pytest -n), TESTS,
-# DRAFT_ROWS / EXACT_ROWS (bench drafts --methods), IN_FLIGHT and DRAFT_WIDTH (bench spex)
+# DRAFT_ROWS / EXACT_ROWS (bench drafts --methods), IN_FLIGHT, DRAFT_WIDTH and SPEX_FLAGS (more bench spex
+# flags, e.g. "--tree sequoia --tree-budget 32" for wide trees where rows are free)
 set -u
 stages=${1:?usage: scripts/gpu_bench.sh tests,ops,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
 out=${2:-runs/gpu}
@@ -60,7 +61,8 @@ PY
     ;;
   spex)
     common=(--device cuda --draft edd --gsm8k "$data/gsm8k/test.jsonl" --math500 "" --problems "$problems"
-      --in-flight "${IN_FLIGHT:-1}" --budget 4 --no-remote --fixed-k-total 8 --draft-width "${DRAFT_WIDTH:-1}")
+      --in-flight "${IN_FLIGHT:-1}" --budget 4 --no-remote --fixed-k-total 8 --draft-width "${DRAFT_WIDTH:-1}"
+      ${SPEX_FLAGS:-})
     timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench spex "${common[@]}" --searches rebase --variants plain,sd --out "$out/spex_rebase" \
       >"$out/spex_rebase.log" 2>&1
     echo "spex rebase: exit $?"; tail -3 "$out/spex_rebase.log"; cat "$out/spex_rebase/results.md" 2>/dev/null | head -20
