@@ -127,7 +127,7 @@ def test_random_block_starts_are_deterministic_for_a_seed() -> None:
 @torch.no_grad()
 def target_hidden(target, tokens: torch.Tensor) -> torch.Tensor:
     """(T, H) the target's hidden states at HIDDEN_LAYER, from transformers (not spectot's runner)."""
-    out = target(tokens[None], output_hidden_states=True)
+    out = target(tokens[None].to(target.device), output_hidden_states=True)
     return out.hidden_states[HIDDEN_LAYER][0]
 
 
@@ -140,7 +140,8 @@ def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: to
     stream = runner.new_stream()
     embeds = None
     if hidden is not None:
-        embeds = torch.cat([draft.hidden_proj(hidden[:s]), draft.model.get_input_embeddings()(tokens[s : s + 1])])
+        pending = draft.model.get_input_embeddings()(tokens[s : s + 1].to(hidden.device))
+        embeds = torch.cat([draft.hidden_proj(hidden[:s]), pending])
     first = runner.forward([StreamTree(stream, TokenTree.chain(tokens[: s + 1]), embeds)], logit_rows=[[s]])
     runner.commit({stream: range(s)})
     assert runner.stream_len(stream) == s
@@ -162,7 +163,7 @@ def test_training_forward_equals_inference(target, kind: str) -> None:
     starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7, 7])
     hidden = target_hidden(target, tokens) if kind == "edd" else None
     with torch.no_grad():
-        train_logits = draft(tokens[None], None if hidden is None else hidden[None], starts)[0]
+        train_logits = draft(tokens[None].to(target.device), None if hidden is None else hidden[None], starts)[0].cpu()
     assert train_logits.shape == (tokens.numel(), HEAD_IDS.numel())
     for s, e in [(0, 3), (3, 7), (7, 12)]:
         pending, block = inference_block_logits(draft, tokens, hidden, s, e)
@@ -170,7 +171,7 @@ def test_training_forward_equals_inference(target, kind: str) -> None:
         torch.testing.assert_close(block, train_logits[s:e], atol=1e-4, rtol=1e-4)
     if kind == "edd":  # the hidden states matter: with other block starts the logits change
         with torch.no_grad():
-            other = draft(tokens[None], hidden[None], torch.zeros_like(starts))[0]
+            other = draft(tokens[None].to(target.device), hidden[None], torch.zeros_like(starts))[0].cpu()
         assert not torch.allclose(other[3:], train_logits[3:], atol=1e-3)
         torch.testing.assert_close(other[:3], train_logits[:3])  # block [0, 3) is the same in both
 

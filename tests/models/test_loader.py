@@ -113,7 +113,7 @@ def test_load_a_local_checkpoint(tiny_llama, tmp_path) -> None:
     assert out.tokenizer.get_vocab() == word_tokenizer().get_vocab()
     ids = torch.tensor([[1, 7, 9, 30]])
     with torch.no_grad():
-        assert torch.equal(out.model(ids).logits, model(ids).logits)
+        assert torch.equal(out.model(ids.to(out.model.device)).logits.cpu(), model(ids).logits)
 
     half = load_model(str(tmp_path), dtype="bf16")
     assert next(half.model.parameters()).dtype == torch.bfloat16
