@@ -27,20 +27,25 @@ def save_draft(target, kind: str, folder: Path) -> str:
     return str(folder)
 
 
+def bench_options(target, tmp_path: Path, **settings) -> BenchDraftsOptions:
+    """This file's data, an untrained EDD of ``target``, and ``settings``."""
+    return BenchDraftsOptions(
+        **{
+            "gsm8k": str(GSM8K),
+            "creative_writing": str(CREATIVE_WRITING),
+            "edd": save_draft(target, "edd", tmp_path / "edd"),
+            "vdm": str(tmp_path / "no-such-vdm"),
+            "out": str(tmp_path / "bench"),
+            **settings,
+        }
+    )
+
+
 @pytest.mark.skipif(not (GSM8K.exists() and CREATIVE_WRITING.exists()), reason="needs ../shared/data")
 def test_bench_drafts_rows_keep_ar_tokens_and_resume(tiny_checkpoint, tiny_model, tmp_path) -> None:
     target = tiny_model("llama", 0)  # the checkpoint's weights
-    opts = BenchDraftsOptions(
-        gsm8k=str(GSM8K),
-        creative_writing=str(CREATIVE_WRITING),
-        gsm8k_prompts=2,
-        cw_prompts=1,
-        max_new_tokens=12,
-        k=3,
-        edd=save_draft(target, "edd", tmp_path / "edd"),
-        vdm=save_draft(target, "vdm", tmp_path / "vdm"),
-        out=str(tmp_path / "bench"),
-    )
+    vdm = save_draft(target, "vdm", tmp_path / "vdm")
+    opts = bench_options(target, tmp_path, gsm8k_prompts=2, cw_prompts=1, max_new_tokens=12, k=3, vdm=vdm)
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     result = run_bench_drafts(model, opts)
     methods = ["ar", "ngram", "vdm", "edd", "edd+pct", "edd+lookup", "edd+pct+lookup"]
@@ -61,18 +66,8 @@ def test_bench_drafts_rows_keep_ar_tokens_and_resume(tiny_checkpoint, tiny_model
 @pytest.mark.skipif(not (GSM8K.exists() and CREATIVE_WRITING.exists()), reason="needs ../shared/data")
 def test_bench_drafts_runs_only_the_chosen_rows(tiny_checkpoint, tiny_model, tmp_path) -> None:
     target = tiny_model("llama", 0)
-    opts = BenchDraftsOptions(
-        gsm8k=str(GSM8K),
-        creative_writing=str(CREATIVE_WRITING),
-        gsm8k_prompts=1,
-        cw_prompts=0,
-        max_new_tokens=6,
-        k=2,
-        edd=save_draft(target, "edd", tmp_path / "edd"),
-        vdm=str(tmp_path / "no-such-vdm"),  # never loaded: its row is not chosen
-        methods="edd",
-        out=str(tmp_path / "bench"),
-    )
+    # the VDM folder does not exist: its row is not chosen, so it is never loaded
+    opts = bench_options(target, tmp_path, gsm8k_prompts=1, cw_prompts=0, max_new_tokens=6, k=2, methods="edd")
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     result = run_bench_drafts(model, opts)
     assert [r["method"] for r in result["rows"] if r["prompts"] == "all"] == ["ar", "edd"]
