@@ -140,6 +140,25 @@ def test_random_topology_tree_logits_match_hf(tiny_llama, tree_seed: int, native
     assert_tree_logits_match(model, prefix, tree, out.logits[0])
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_drafts_fused_attention_path_matches_hf(tiny_llama, rows: int) -> None:
+    """A draft's runner off the native kernel (a GPU) attends with torch's SDPA: one-row steps (no mask
+    at all) and chains (a causal mask) still give transformers' logits, and two streams of different
+    lengths in one forward (padded columns) each their own."""
+    model = tiny_llama(0)
+    runner = ModelRunner(model, exact_attention=False, native_attention=False)
+    prefixes = [random_tokens(5, seed=70), random_tokens(8, seed=71)]
+    streams = [prefill(runner, ids) for ids in prefixes]
+    steps = [TokenTree.chain(random_tokens(rows, seed=72 + i)) for i in range(2)]
+    alone = runner.forward([StreamTree(streams[0], steps[0])])
+    runner.commit({})
+    assert_tree_logits_match(model, prefixes[0], steps[0], alone.logits[0])
+    both = runner.forward([StreamTree(sid, tree) for sid, tree in zip(streams, steps)])
+    runner.commit({})
+    for ids, tree, logits in zip(prefixes, steps, both.logits):
+        assert_tree_logits_match(model, ids, tree, logits)
+
+
 def build_three_streams(runner: ModelRunner) -> dict[str, tuple[int, list[int]]]:
     """A: 5 tokens; B: 8 other tokens; C: a fork of A with 2 more tokens (shares A's 5 slots)."""
     a_ids, b_ids, c_extra = random_tokens(5, seed=50), random_tokens(8, seed=51), random_tokens(2, seed=52)

@@ -34,7 +34,7 @@ def batch_invariant_attention(
     q: torch.Tensor,  # (H_kv, B, G*n, D): query head h_kv*G + g of row i at [h_kv, b, g*n + i]
     k: torch.Tensor,  # (H_kv, B, S, D) float64
     v: torch.Tensor,  # (H_kv, B, S, D) float64
-    mask: torch.Tensor,  # (B, n, S) float64 additive
+    mask: torch.Tensor | None,  # (B, n, S) float64 additive; None: every row sees every column (n = 1)
     scale: float,
 ) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v in float64 -> (H_kv, B, G*n, D) float64, for B padded streams.
@@ -46,9 +46,9 @@ def batch_invariant_attention(
     what the same token would get alone, however the streams are padded and batched.
     """
     h_kv, b, s, _ = k.shape
-    n = mask.shape[1]
     scores = torch.matmul(q.double(), k.transpose(-1, -2)).mul_(scale)  # (H_kv, B, G*n, S)
-    scores = scores.view(h_kv, b, -1, n, s).add_(mask[:, None])  # query heads of a group share the mask
+    if mask is not None:  # query heads of a group share the mask
+        scores.view(h_kv, b, -1, mask.shape[1], s).add_(mask[:, None])
     return torch.matmul(scores.softmax(-1).view(h_kv, b, -1, s), v)
 
 
@@ -71,15 +71,16 @@ def fused_attention(
     q: torch.Tensor,  # (H_kv, B, G*n, D)
     k: torch.Tensor,  # (H_kv, B, S, D)
     v: torch.Tensor,  # (H_kv, B, S, D)
-    mask: torch.Tensor,  # (B, n, S) float64 additive
+    mask: torch.Tensor | None,  # (B, n, S) float64 additive; None: every row sees every column (n = 1)
     scale: float,
 ) -> torch.Tensor:
     """torch's fused SDPA in the model dtype -> (H_kv, B, G*n, D); not batch-invariant (see above)."""
     h_kv, b, gn, d = q.shape
-    n = mask.shape[1]
+    n = 1 if mask is None else mask.shape[1]
     q = q.view(h_kv, b, gn // n, n, d)
     k, v = k[:, :, None], v[:, :, None]  # broadcast over the group's query heads
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None].to(q.dtype), scale=scale)
+    bias = None if mask is None else mask[:, None].to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     return out.view(h_kv, b, gn, d)
 
 
@@ -256,17 +257,18 @@ ATTENTION_BATCH_CELLS = 1 << 21  # padded (B x n x S) cells one attention batch 
 class _AttentionBatch:
     """Streams attended together, padded to n rows and S columns each."""
 
+    shape: tuple[int, int, int]  # (B, n, S)
     rows: torch.Tensor  # (B*n,) the forward row of each padded query (padding repeats the stream's first row)
-    real: torch.Tensor  # (B*n,) bool: which padded queries are real rows (they are in forward order)
+    real: torch.Tensor | None  # the real rows among the B*n padded ones, in forward order; None: all are real
     columns: torch.Tensor  # (B*S,) the cache slot of each padded column (padding reads slot 0, masked out)
-    mask: torch.Tensor  # (B, n, S) float64 additive; padded columns -inf, padded rows see everything
-    padded: bool  # some stream has fewer than n rows (else every query is real: no row to drop)
+    mask: torch.Tensor | None  # (B, n, S) float64 additive (padded columns -inf, padded rows see everything);
+    # None where every row sees every column: one row per stream and no padded column (an AR step)
 
     @classmethod
     def pad(
         cls, streams: Sequence[tuple[int, int, torch.Tensor, torch.Tensor]], device: torch.device
     ) -> _AttentionBatch:
-        """From (first row, rows, columns, mask) per stream."""
+        """From (first row, rows, columns, mask) per stream; the index tensors reach the device in one copy."""
         n = max(rows for _, rows, _, _ in streams)
         s = max(columns.numel() for _, _, columns, _ in streams)
         b = len(streams)
@@ -281,12 +283,16 @@ class _AttentionBatch:
             column_index[i, : columns.numel()] = columns
             mask[i, :rows, columns.numel() :] = float("-inf")
             mask[i, :rows, : columns.numel()] = stream_mask
+        padded = any(rows < n for _, rows, _, _ in streams)
+        sees_all = n == 1 and all(columns.numel() == s for _, _, columns, _ in streams)
+        parts = [row_index.flatten(), column_index.flatten()] + ([real.flatten().nonzero()[:, 0]] if padded else [])
+        index = torch.cat(parts).to(device)
         return cls(
-            row_index.flatten().to(device),
-            real.flatten().to(device),
-            column_index.flatten().to(device),
-            mask.to(device),
-            any(rows < n for _, rows, _, _ in streams),
+            shape=(b, n, s),
+            rows=index[: b * n],
+            real=index[b * n + b * s :] if padded else None,
+            columns=index[b * n : b * n + b * s],
+            mask=None if sees_all else mask.to(device),
         )
 
 
@@ -570,7 +576,7 @@ class ModelRunner:
         group = q.shape[1] // self.num_kv_heads
         parts = []
         for batch in layout:  # each stream attends only to its own slots
-            b, n, s = batch.mask.shape
+            b, n, s = batch.shape
             queries = q[0] if b == len(layout) == 1 else q[0][:, batch.rows]  # one stream: its rows in order
             queries = queries.view(self.num_kv_heads, group, b, n, -1).transpose(1, 2)
             keys_values = kv.index_select(0, batch.columns).view(b, s, *kv.shape[1:]).permute(2, 3, 0, 1, 4)
@@ -578,10 +584,11 @@ class ModelRunner:
             out = self._attend(
                 queries.reshape(self.num_kv_heads, b, group * n, -1), *keys_values, batch.mask, layer.scaling
             )
-            # (H_kv, B, G*n, D) -> rows (B*n, H*D) in the model dtype, one copy
+            # (H_kv, B, G*n, D) -> rows (B*n, H*D) in the model dtype, one copy (`to` alone keeps a
+            # same-dtype tensor as it is, so reshape copies then)
             out = out.view(self.num_kv_heads, b, group, n, -1).permute(1, 3, 0, 2, 4)
-            out = out.to(x.dtype, memory_format=torch.contiguous_format).view(b * n, -1)
-            parts.append(out[batch.real] if batch.padded else out)
+            out = out.to(x.dtype, memory_format=torch.contiguous_format).reshape(b * n, -1)
+            parts.append(out if batch.real is None else out[batch.real])
         out = torch.cat(parts) if len(parts) > 1 else parts[0]  # (N, H*D)
         return self._linear(out[None], layer.o)
 
