@@ -399,13 +399,15 @@ class ModelRunner:
             raise RuntimeError("commit() the previous forward before running the next one")
         if not trees:
             raise ValueError("forward needs at least one stream tree")
+        span = 0  # positions 0 .. span - 1 occur in this forward
         for st in trees:
-            depth = int(st.tree.depths.max()) + 1
-            if self.cache.length(st.stream) + depth > self.max_context:
+            end = self.cache.length(st.stream) + int(st.tree.depths.max()) + 1
+            if end > self.max_context:
                 raise ContextOverflowError(
-                    f"stream would hold {self.cache.length(st.stream) + depth} tokens but the model's context is "
+                    f"stream would hold {end} tokens but the model's context is "
                     f"{self.max_context}: shorten the prompt or lower max_new_tokens"
                 )
+            span = max(span, end)
         sizes = [len(st.tree) for st in trees]
         offsets = [0]
         for n in sizes[:-1]:
@@ -428,7 +430,7 @@ class ModelRunner:
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
         with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
-            logits, hidden = self._run(embeds, positions, layout, start, rows, hidden_index)
+            logits, hidden = self._run(embeds, positions, span, layout, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
         per_stream = list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
@@ -498,6 +500,7 @@ class ModelRunner:
         self,
         embeds: torch.Tensor,  # (N, H)
         positions: torch.Tensor,  # (N,)
+        span: int,  # max(positions) + 1, known on the host (reading it off the device would wait for it)
         layout: _RowColumns | list[_AttentionBatch],
         start: int,
         rows: torch.Tensor | None,
@@ -505,7 +508,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         linear = self._linear
         x = embeds[None]  # (1, N, H)
-        cos, sin = self._cos_sin(x, positions)
+        cos, sin = self._cos_sin(x, positions, span)
         rope = (cos[0], sin[0]) if self._ops is not None else rotation_factors(cos[0], sin[0])
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
@@ -521,11 +524,10 @@ class ModelRunner:
             x = x if rows is None else x[rows]
         return linear(x, self._lm_head), hidden
 
-    def _cos_sin(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(self, x: torch.Tensor, positions: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary module's (1, N, D) cos and sin at ``positions``, from a table grown on demand."""
         if not self._rope_cached:
             return self._rotary(x, positions[None])
-        need = int(positions.max()) + 1
         held = 0 if self._rope_table is None else self._rope_table[0].shape[1]
         if held < need:  # double it, up to the context (past it only as far as asked)
             length = max(need, min(max(256, 2 * held), self.max_context))
