@@ -386,6 +386,6 @@ def test_rotary_table_equals_the_rotary_module(model) -> None:
     x = torch.zeros(1, 1, model.config.hidden_size)
     for positions in ([0, 3, 3, 7], [300, 2], list(range(600, 610))):  # the second grows the table past 256
         index = torch.tensor(positions)
-        cos, sin = runner._cos_sin(x, index)
+        cos, sin = runner._cos_sin(x, index, max(positions) + 1)
         want_cos, want_sin = runner._rotary(x, index[None])
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
