@@ -61,7 +61,7 @@ PY
     ;;
   spex)
     common=(--device cuda --draft edd --gsm8k "$data/gsm8k/test.jsonl" --math500 "" --problems "$problems"
-      --in-flight "${IN_FLIGHT:-1}" --budget 4 --no-remote --fixed-k-total 8 --draft-width "${DRAFT_WIDTH:-1}"
+      --in-flight "${IN_FLIGHT:-1}" --budget 4 --no-remote --fixed-k-total 8 --draft-width "${DRAFT_WIDTH:-0}"
       ${SPEX_FLAGS:-})
     timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench spex "${common[@]}" --searches rebase --variants plain,sd --out "$out/spex_rebase" \
       >"$out/spex_rebase.log" 2>&1

@@ -309,7 +309,7 @@ def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict,
     acceptance = draft_acceptance(draft, model.target) or {}
     priors = {t: vector[0] for t, vector in acceptance.items() if vector} or None
     runners_up = {t: vector[1:] for t, vector in acceptance.items() if len(vector) > 1} or None
-    width = draft.draft_width if isinstance(proposer, DraftDecoderProposer) else 1  # grows per-request trees
+    width = (draft.draft_width or fan_width(costs["t_curve"])) if isinstance(proposer, DraftDecoderProposer) else 1
     curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
     profile = [(point["n"], point["seconds"]) for point in costs["t_curve"] if "seconds" in point]
     forward_time = ForwardTime(profile, costs.get("context", SOLVE_COST_CONTEXT)) if profile else None
@@ -321,6 +321,20 @@ def adaptive_draft_length(draft: DraftOptions, model: ModelOptions, costs: dict,
         max_width=width,
         runner_up_priors=runners_up,
     )
+
+
+FAN_WIDTH = 4  # candidates for the first draft token where rows are nearly free
+FREE_ROWS = 1.15  # t(8) / t(1) at most: "nearly free" (an H200: 1.08; a 2-core Zen 5: 1.33)
+
+
+def fan_width(t_curve: list[dict]) -> int:
+    """--draft-width 0: FAN_WIDTH where this machine's forward of 8 rows (or its largest measured count up to 8)
+    costs at most FREE_ROWS times one row's, else 1 (chains). Only a draft decoder grows fans."""
+    points = {p["n"]: p["seconds"] for p in t_curve if "seconds" in p}
+    wide = max((n for n in points if 1 < n <= 8), default=None)
+    if 1 not in points or wide is None:
+        return 1
+    return FAN_WIDTH if points[wide] <= FREE_ROWS * points[1] else 1
 
 
 def size_pct_trees(proposer: DraftDecoderProposer, costs: dict) -> None:

@@ -302,3 +302,26 @@ def test_only_chain_drafts_adapt(target) -> None:
     [tree] = Decoder(ModelRunner(target), (), NgramProposer(width=3), draft_length=never).generate([prompt], config)
     assert chain.stats.proposed == 0 and tree.stats.proposed > 0
     assert chain.token_ids == tree.token_ids
+
+
+@pytest.mark.parametrize(
+    "seconds, width",
+    [
+        ({1: 0.0211, 2: 0.0225, 4: 0.0237, 8: 0.0228}, 4),  # an H200's profile (session 21): rows nearly free
+        ({1: 0.0110, 2: 0.0118, 4: 0.0129, 8: 0.0146}, 1),  # a 2-core Zen 5's: t(8) = 1.33 t(1)
+        ({1: 0.0110, 2: 0.0112, 4: 0.0150}, 1),  # no 8-row point: the largest measured count decides
+        ({2: 0.0112, 8: 0.0114}, 1),  # no one-row point: nothing to compare, chains
+    ],
+)
+def test_default_fan_width_follows_the_row_cost(seconds: dict, width: int) -> None:
+    from spectot.pipeline import fan_width
+
+    assert fan_width([{"n": n, "t": s / seconds.get(1, s), "seconds": s} for n, s in seconds.items()]) == width
+
+
+def test_draft_width_must_not_be_negative() -> None:
+    from spectot.config import DraftOptions
+
+    assert DraftOptions().draft_width == 0  # by the machine's t(n)
+    with pytest.raises(ValueError, match="--draft-width counts candidates"):
+        DraftOptions(draft_width=-1)
