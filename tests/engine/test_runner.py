@@ -7,6 +7,8 @@ accepted tokens.
 
 from __future__ import annotations
 
+import copy
+
 import types
 
 import pytest
@@ -380,12 +382,14 @@ def test_linear_attention_layers_are_refused(tiny_model) -> None:
         ModelRunner(hybrid)
 
 
-def test_rotary_table_equals_the_rotary_module(model) -> None:
-    """cos/sin come from a table grown on demand: the module's own values at any position, bit for bit."""
-    runner = ModelRunner(model)
-    x = torch.zeros(1, 1, model.config.hidden_size)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_table_equals_the_rotary_module(model, dtype: torch.dtype) -> None:
+    """cos/sin come from a table grown on demand: the module's own values at any position, bit for bit, in
+    the form the layers take (bf16 on this CPU: the fused op's; fp32: rotation_factors')."""
+    runner = ModelRunner(copy.deepcopy(model).to(dtype))
+    x = torch.zeros(1, 1, model.config.hidden_size, dtype=dtype)
     for positions in ([0, 3, 3, 7], [300, 2], list(range(600, 610))):  # the second grows the table past 256
         index = torch.tensor(positions)
-        cos, sin = runner._cos_sin(x, index, max(positions) + 1)
-        want_cos, want_sin = runner._rotary(x, index[None])
+        cos, sin = runner._rope(x, index, max(positions) + 1)
+        want_cos, want_sin = runner._rope_form(*runner._rotary(x, index[None]))
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)

@@ -508,8 +508,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         linear = self._linear
         x = embeds[None]  # (1, N, H)
-        cos, sin = self._cos_sin(x, positions, span)
-        rope = (cos[0], sin[0]) if self._ops is not None else rotation_factors(cos[0], sin[0])
+        rope = self._rope(x, positions, span)
         hidden = x[0] if hidden_index == 0 else None
         for i, layer in enumerate(self._layers):
             x = x + self._attention(i, layer, self._rms_norm(layer.input_norm, x), rope, layout, start)
@@ -524,16 +523,21 @@ class ModelRunner:
             x = x if rows is None else x[rows]
         return linear(x, self._lm_head), hidden
 
-    def _cos_sin(self, x: torch.Tensor, positions: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary module's (1, N, D) cos and sin at ``positions``, from a table grown on demand."""
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary module's cos and sin at ``positions`` in the form the layers take (``_rope_form``), from a
+        table of that form grown on demand (``need``: max(positions) + 1)."""
         if not self._rope_cached:
-            return self._rotary(x, positions[None])
-        held = 0 if self._rope_table is None else self._rope_table[0].shape[1]
+            return self._rope_form(*self._rotary(x, positions[None]))
+        held = 0 if self._rope_table is None else self._rope_table[0].shape[0]
         if held < need:  # double it, up to the context (past it only as far as asked)
             length = max(need, min(max(256, 2 * held), self.max_context))
-            self._rope_table = self._rotary(x, torch.arange(length, device=x.device)[None])
+            self._rope_table = self._rope_form(*self._rotary(x, torch.arange(length, device=x.device)[None]))
         cos, sin = self._rope_table
-        return cos[:, positions], sin[:, positions]
+        return cos[positions], sin[positions]
+
+    def _rope_form(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, N, D) cos and sin -> the fused op's (N, D) cos and sin, or ``rotation_factors``' (N, 1, D)."""
+        return (cos[0], sin[0]) if self._ops is not None else rotation_factors(cos[0], sin[0])
 
     def _rms_norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
         if self._ops is None:  # transformers' RMSNorm in one call: equal bits in fp32; in bf16 one rounding, not two
