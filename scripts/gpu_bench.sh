@@ -5,13 +5,14 @@
 #   ops    — scripts/runner_ops.py on the GPU: aten ops and time of one forward (bf16)
 #   kernels — spectot's CPU kernel tests in one process (an H200 host's CPU crashed them under xdist once)
 #   exact  — `spectot bench drafts --dtype fp32` on 2 GSM8K prompts: every draft's tokens must be ar's
+#            (EXACT_DTYPE=bf16 KERNELS=tiled: the same check for bf16 on fixed row tiles)
 #   drafts — `spectot bench drafts` on SmolLM2 (bf16): ar, n-gram, VDM, EDD, EDD + lookup, EDD + PCT
 #   spex   — `spectot bench spex` on GSM8K: REBASE plain / sd, rStar plain / spex+sd (EDD drafts)
 # Needs python3 with torch (CUDA) and spectot's dependencies importable; run from the repository root.
 # Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
 # Knobs (environment): STAGE_SECONDS / TEST_SECONDS (each stage's timeout), WORKERS (pytest -n), TESTS,
-# DRAFT_ROWS / EXACT_ROWS (bench drafts --methods), IN_FLIGHT, DRAFT_WIDTH and SPEX_FLAGS (more bench spex
-# flags, e.g. "--tree sequoia --tree-budget 32" for wide trees where rows are free)
+# KERNELS (--kernels of exact and drafts), EXACT_DTYPE, DRAFT_ROWS / EXACT_ROWS (bench drafts --methods),
+# IN_FLIGHT, DRAFT_WIDTH and SPEX_FLAGS (more bench spex flags, e.g. "--tree sequoia --tree-budget 32")
 set -u
 stages=${1:?usage: scripts/gpu_bench.sh tests,ops,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
 out=${2:-runs/gpu}
@@ -42,19 +43,21 @@ for stage in ${stages//,/ }; do
     echo "kernels: exit $?"; grep -E "^(FAILED|ERROR)|Fatal|File .*test_" "$out/kernels.log" | head -20; tail -1 "$out/kernels.log"
     ;;
   exact)
-    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --dtype fp32 --gsm8k "$data/gsm8k/test.jsonl" \
+    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --dtype "${EXACT_DTYPE:-fp32}" \
+      --kernels "${KERNELS:-auto}" --gsm8k "$data/gsm8k/test.jsonl" \
       --gsm8k-prompts 2 --cw-prompts 0 --max-new-tokens 64 --methods "${EXACT_ROWS:-ngram,edd,edd+pct+lookup}" \
-      --out "$out/exact" >"$out/exact.log" 2>&1
+      --out "$out/exact_${EXACT_DTYPE:-fp32}_${KERNELS:-auto}" >"$out/exact.log" 2>&1
     echo "exact: exit $?"; tail -2 "$out/exact.log"
-    "$py" - "$out/exact/records.jsonl" <<'PY'
+    "$py" - "$out/exact_${EXACT_DTYPE:-fp32}_${KERNELS:-auto}/records.jsonl" <<'PY'
 import json, sys
 tokens = {tuple(r["key"]): r["value"]["tokens"] for r in map(json.loads, open(sys.argv[1])) if r["key"][0] != "cost"}
 same = {k: v == tokens[("ar", k[1])] for k, v in tokens.items() if k[0] != "ar"}
-print(f"fp32 on the GPU: {sum(same.values())} of {len(same)} draft runs equal ar token for token;", "differ:", [k for k, v in same.items() if not v])
+print(f"on the GPU: {sum(same.values())} of {len(same)} draft runs equal ar token for token;", "differ:", [k for k, v in same.items() if not v])
 PY
     ;;
   drafts)
-    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --gsm8k "$data/gsm8k/test.jsonl" \
+    timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --kernels "${KERNELS:-auto}" \
+      --gsm8k "$data/gsm8k/test.jsonl" \
       --creative-writing "$data/tot_creative_writing/data_100_random_text.txt" --gsm8k-prompts 8 --cw-prompts 4 \
       --methods "${DRAFT_ROWS:-ngram,vdm,edd,edd+pct,edd+lookup,edd+pct+lookup}" --out "$out/drafts" >"$out/drafts.log" 2>&1
     echo "drafts: exit $?"; tail -3 "$out/drafts.log"; cat "$out/drafts/results.md" 2>/dev/null | head -30

@@ -11,7 +11,7 @@ from typing import Literal
 
 DType = Literal["bf16", "fp32", "fp16"]
 Method = Literal["ar", "sd"]
-Kernels = Literal["auto", "torch", "spectot"]
+Kernels = Literal["auto", "torch", "spectot", "tiled"]
 
 
 TreeKind = Literal["auto", "chain", "k_config", "specinfer", "sequoia", "pct", "vct", "cape", "eagle2"]
@@ -97,7 +97,8 @@ class ModelOptions:
         default="auto",
         **opt(
             "bf16 kernels on the CPU: 'auto' uses spectot's batch-invariant matmul (AVX2, or AVX512-BF16 where "
-            "the CPU has it) and fused layer ops on CPUs without AMX, 'spectot' always, 'torch' never"
+            "the CPU has it) and fused layer ops on CPUs without AMX, 'spectot' always, 'torch' never; 'tiled': "
+            "torch's matmul on fixed 64-row tiles, batch-invariant bf16 on a GPU (not yet measured there)"
         ),
     )
     prefix_cache: int = field(

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from spectot.engine.runner import ContextOverflowError, ModelRunner, StreamTree
+from spectot.engine.runner import ContextOverflowError, ModelRunner, StreamTree, TiledMatmul
 from spectot.engine.token_tree import TokenTree
 from spectot.models.loader import ModelLoadError
 
@@ -159,6 +159,35 @@ def test_the_drafts_fused_attention_path_matches_hf(tiny_llama, rows: int) -> No
     runner.commit({})
     for ids, tree, logits in zip(prefixes, steps, both.logits):
         assert_tree_logits_match(model, ids, tree, logits)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 64, 70, 130])
+def test_tiled_matmul_is_torchs_linear_row_for_row(n: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    weight, bias = torch.randn(24, 16, generator=gen), torch.randn(24, generator=gen)
+    x = torch.randn(1, n, 16, generator=gen)
+    tiled = TiledMatmul()
+    w = tiled.prepare(weight, bias)
+    out = tiled(x, w)
+    assert out.shape == (1, n, 24)
+    rows = [torch.nn.functional.linear(x[0, i : i + 1], weight, bias)[0] for i in range(n)]
+    torch.testing.assert_close(out[0], torch.stack(rows) if rows else out.new_zeros(0, 24), rtol=1e-6, atol=1e-5)
+
+
+def test_tiled_bf16_tree_rows_equal_the_ar_steps_bit_for_bit(tiny_llama) -> None:
+    """--kernels tiled on the batched path (a GPU's): a 5-token chain verified in one forward gives each
+    row the very bf16 logits its one-row AR step gives (run with SPECTOT_TEST_DEVICE=cuda, this is the
+    GPU check; the CPU's torch bf16 matmul happens to be batch-invariant already)."""
+    model = copy.deepcopy(tiny_llama(0)).to(torch.bfloat16)
+    runner = ModelRunner(model, kernels="tiled", native_attention=False)
+    prefix, chain = random_tokens(6, seed=80), random_tokens(5, seed=81)
+    sid = prefill(runner, prefix)
+    together = runner.forward([StreamTree(sid, TokenTree.chain(chain))]).logits[0]
+    runner.commit({})
+    for i, token in enumerate(chain):
+        step = runner.forward([StreamTree(sid, TokenTree.chain([token]))]).logits[0]
+        runner.commit_all()
+        assert torch.equal(step[0], together[i]), f"row {i}"
 
 
 def build_three_streams(runner: ModelRunner) -> dict[str, tuple[int, list[int]]]:

@@ -84,7 +84,7 @@ def fused_attention(
     return out.view(h_kv, b, gn, d)
 
 
-LinearKernel = Literal["auto", "torch", "spectot"]
+LinearKernel = Literal["auto", "torch", "spectot", "tiled"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,31 @@ class TorchMatmul:
 
     def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
         return torch.nn.functional.linear(x, w.data, w.bias)
+
+
+class TiledMatmul(TorchMatmul):
+    """torch's ``F.linear`` on tiles of exactly ROW_TILE rows (the last one zero-padded), so a row's result
+    cannot depend on how many rows share its forward: the library picks its kernel (tiling, reduction
+    order) by the matrix shapes, and here every call on a weight has one shape. That makes bf16 on a GPU
+    batch-invariant as spectot's CPU kernel is (cuBLAS' kernels change with the row count: 4 of 35 EDD runs
+    on an H200 left ar's greedy tokens at a near-tie), for about the price of a row where rows are nearly free.
+    ``--kernels tiled``; not measured on a GPU yet."""
+
+    ROW_TILE = 64
+
+    def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] == 0:  # e.g. a draft catching up no hidden states
+            return torch.nn.functional.linear(x, w.data, w.bias)
+        tile = self.ROW_TILE
+        out = []
+        for first in range(0, rows.shape[0], tile):
+            part = rows[first : first + tile]
+            n = part.shape[0]
+            if n < tile:
+                part = torch.cat([part, part.new_zeros(tile - n, part.shape[1])])
+            out.append(torch.nn.functional.linear(part, w.data, w.bias)[:n])
+        return (out[0] if len(out) == 1 else torch.cat(out)).view(*x.shape[:-1], w.out_features)
 
 
 class SpectotMatmul:
@@ -128,7 +153,10 @@ def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) 
     picks it there: without native bf16, torch's kernel converts the weights for every row; with
     AVX512-BF16 but no AMX, measured on a 2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms
     at 1 row and 13-14 ms at 6 with spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40
-    ms with torch's kernels and ops), else torch's ``F.linear`` (oneDNN's AMX kernels: t(64) = 2 t(1) on a 2-core Xeon)."""
+    ms with torch's kernels and ops), else torch's ``F.linear`` (oneDNN's AMX kernels: t(64) = 2 t(1) on a 2-core Xeon).
+    "tiled": torch's on fixed row tiles (``TiledMatmul``), for batch-invariant bf16 on a GPU."""
+    if choice == "tiled":
+        return TiledMatmul()
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
         if choice == "spectot":
             raise ValueError("the spectot linear kernel is for bf16 on the CPU; use --kernels torch or --dtype bf16")
