@@ -6,7 +6,8 @@
 #   kernels — spectot's CPU kernel tests in one process (an H200 host's CPU crashed them under xdist once)
 #   exact  — `spectot bench drafts --dtype fp32` on 2 GSM8K prompts: every draft's tokens must be ar's
 #            (EXACT_DTYPE=bf16 KERNELS=tiled: the same check for bf16 on fixed row tiles)
-#   drafts — `spectot bench drafts` on SmolLM2 (bf16): ar, n-gram, VDM, EDD, EDD + lookup, EDD + PCT
+#   drafts — `spectot bench drafts` on SmolLM2 (bf16): ar, n-gram, EDD, EDD + lookup, EDD + PCT (+ VDM with
+#            DRAFT_ROWS naming it; VDM=FOLDER where the shipped weights did not travel)
 #   spex   — `spectot bench spex` on GSM8K: REBASE plain / sd, rStar plain / spex+sd (EDD drafts)
 # Needs python3 with torch (CUDA) and spectot's dependencies importable; run from the repository root.
 # Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
@@ -59,7 +60,8 @@ PY
     timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --kernels "${KERNELS:-auto}" \
       --gsm8k "$data/gsm8k/test.jsonl" \
       --creative-writing "$data/tot_creative_writing/data_100_random_text.txt" --gsm8k-prompts 8 --cw-prompts 4 \
-      --methods "${DRAFT_ROWS:-ngram,vdm,edd,edd+pct,edd+lookup,edd+pct+lookup}" --out "$out/drafts" >"$out/drafts.log" 2>&1
+      --vdm "${VDM:-vdm}" --methods "${DRAFT_ROWS:-ngram,edd,edd+pct,edd+lookup,edd+pct+lookup}" \
+      --out "$out/drafts" >"$out/drafts.log" 2>&1
     echo "drafts: exit $?"; tail -3 "$out/drafts.log"; cat "$out/drafts/results.md" 2>/dev/null | head -30
     ;;
   spex)
