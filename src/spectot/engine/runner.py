@@ -222,13 +222,13 @@ def _fuse(modules: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 class _Layer:
     """One decoder layer as its matmul's weights and plain callables: the hot loop does no module lookups."""
 
-    input_norm: Callable
+    input_norm: Any  # RMSNorm modules: the runner reads their weight and epsilon
     qkv: Weight  # (H_q*D + 2*H_kv*D, hidden): q, k, v projections, fused
     q_norm: Callable | None
     k_norm: Callable | None
     o: Weight
     scaling: float
-    post_norm: Callable
+    post_norm: Any
     gate_up: Weight  # (2 * intermediate, hidden): gate then up, fused
     down: Weight
     act: Callable
@@ -371,8 +371,7 @@ class ModelRunner:
         self.head_dim = int(attn.head_dim)
         self.num_kv_heads = int(config.num_key_value_heads)
         self._layers = [_Layer.of(layer, self._linear) for layer in inner.layers]
-        self._kv_size = self.num_kv_heads * self.head_dim
-        self._q_heads = (self._layers[0].qkv.out_features - 2 * self._kv_size) // self.head_dim
+        self._q_heads = self._layers[0].qkv.out_features // self.head_dim - 2 * self.num_kv_heads
         self.cache = FlatKVCache(
             num_layers=len(self._layers),
             num_kv_heads=self.num_kv_heads,

@@ -39,8 +39,8 @@ enters at its mean (upper bounds on w - 1 runners-up would add up and favour wid
 first guess lands a quarter of the time (temperature-1 thoughts) its runners-up add tokens: one stream of
 GSM8K answers at T = 1 took 1.29 tokens a step with k = 1 and 1.40 / 1.48 / 1.53 with 2 / 3 / 4 candidates.
 Whether that pays depends on what a row costs: on a 2-core Zen 5 each costs 7-9 % of a forward after a few
-hundred tokens and fans broke even at best (``scripts/adaptive_width.sh``), so the pipeline's default is
-chains (``--draft-width 1``).
+hundred tokens and fans broke even at best (``scripts/adaptive_width.sh``), so the pipeline allows fans only
+where its load-time t(n) shows rows nearly free (``pipeline.fan_width``, the default ``--draft-width 0``).
 
 A draft whose cost does not grow with k (prompt lookup) is looked up first and cut after: its evidence class,
 the length n of the n-gram it matched, keys an estimate of its own, and each stream's draft is cut to the k* of
