@@ -3,7 +3,7 @@
 Every model is fp32, in eval mode, and built under a fixed seed, so a (family, seed, overrides)
 triple always names the same weights; models are cached for the session (nothing mutates them).
 
-SPECTOT_TEST_DEVICE=cuda puts the tiny models on that device (`make test-gpu`); checkpoints loaded
+SPECTOT_TEST_DEVICE=cuda puts the tiny models on that device (`scripts/gpu_bench.sh tests`); checkpoints loaded
 by path follow ModelOptions' --device default ('auto': the GPU where torch sees one).
 """
 
@@ -106,6 +106,6 @@ def build_tiny_tokenizer():
 def tiny_checkpoint(tmp_path_factory, tiny_model) -> Path:
     """A saved tiny Llama with its word-level tokenizer, loadable by path like any checkpoint."""
     path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", 0).cpu().save_pretrained(path)
+    tiny_model("llama", 0).save_pretrained(path)  # from any device (Module.cpu() would move the shared model)
     build_tiny_tokenizer().save_pretrained(path)
     return path
