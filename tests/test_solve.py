@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from spectot.backends.base import Completion, CompletionRequest
 from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 from spectot.solve import run_solve
 from spectot.train.draft import read_corpus
@@ -17,17 +18,52 @@ def test_generations_are_recorded_per_stream_and_read_as_a_corpus(tiny_checkpoin
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     path = tmp_path / "gen" / "generations.jsonl"
     options = SolveOptions(task="gsm8k", limit=2, engine="batched-ar", generations=str(path))
-    run = run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=2), options)
+    search = SearchOptions(depth=2, thoughts=2, thought_top_p=0.9)
+    run = run_solve(model, DraftOptions(draft="none"), search, options)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     by_component = {c: [r for r in records if r["component"] == c] for c in ("TG", "SE")}
     assert {c: len(rs) for c, rs in by_component.items()} == {c: run.stats[c].streams for c in ("TG", "SE")}
     assert sum(len(r["token_ids"]) for r in records) == sum(c.new_tokens for c in run.stats.values())
-    assert {r["temperature"] for r in by_component["TG"]} == {1.0}
+    assert {(r["temperature"], r["top_p"]) for r in by_component["TG"]} == {(1.0, 0.9)}
+    assert {(r["temperature"], r["top_p"]) for r in by_component["SE"]} == {(0.0, 1.0)}
     sequences, issues = read_corpus([str(path)], lambda t: [], lambda t: [], max_len=10_000)
     assert not issues
     assert sequences == [
         r["prompt_ids"] + r["token_ids"] for r in records if len(r["prompt_ids"] + r["token_ids"]) >= 2
     ]
+
+
+class RecordingBackend:
+    """Answers every thought "The answer is 3." and every rating "7"; keeps the requests."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.requests: list[CompletionRequest] = []
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.requests.append(request)
+        rating = request.max_tokens == 8  # the GSM8K task's rating request (gsm8k.rating_request)
+        return Completion("7" if rating else "The answer is 3.", "stop", 3, 1)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_tree_searches_sample_thoughts_and_evaluations_as_asked() -> None:
+    backend = RecordingBackend()
+    search = SearchOptions(search="rebase", thought_temperature=0.7, thought_top_p=0.95, eval_temperature=0.3)
+    run_tree_solve(search, TreeSearchOptions(budget=2), SolveOptions(task="gsm8k", limit=1), backend)
+    sampled = {(r.max_tokens == 8, r.temperature, r.top_p) for r in backend.requests}
+    assert sampled == {(False, 0.7, 0.95), (True, 0.3, 1.0)}
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(thought_temperature=-1.0), dict(eval_temperature=float("nan")), dict(thought_top_p=0.0)]
+)
+def test_bad_sampling_settings_are_refused(bad) -> None:
+    with pytest.raises(ValueError, match="thought|eval"):
+        SearchOptions(**bad)
 
 
 def test_generations_of_an_async_search_are_refused(tmp_path) -> None:

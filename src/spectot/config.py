@@ -464,7 +464,22 @@ SearchName = Literal["tot-bfs", "rebase", "ets", "rstar", "rest-mcts"]
 
 
 @dataclass(frozen=True)
-class SearchOptions:
+class ThoughtSampling:
+    """How a search samples its thoughts and evaluations (every search: ToT-BFS, REBASE, ETS, the MCTS ones)."""
+
+    thought_temperature: float = field(default=1.0, **opt("sampling temperature of thoughts (0 = greedy)"))
+    thought_top_p: float = field(default=1.0, **opt("nucleus mass of thought sampling (1 = off)"))
+    eval_temperature: float = field(default=0.0, **opt("sampling temperature of evaluations (0 = greedy)"))
+
+    def __post_init__(self) -> None:
+        if not (self.thought_temperature >= 0 and self.eval_temperature >= 0):  # also rejects NaN
+            raise ValueError("--thought-temperature and --eval-temperature must be >= 0")
+        if not 0 < self.thought_top_p <= 1:
+            raise ValueError(f"--thought-top-p must be in (0, 1], got {self.thought_top_p}")
+
+
+@dataclass(frozen=True)
+class SearchOptions(ThoughtSampling):
     search: SearchName = field(
         default="tot-bfs",
         **opt(
@@ -482,16 +497,15 @@ class SearchOptions:
     )
     n_votes: int = field(default=3, **opt("votes per level (--evaluation vote)"))
     depth: int = field(default=0, **opt("T: search steps (0 = the task's depth)"))
-    thought_temperature: float = field(default=1.0, **opt("sampling temperature of thoughts (0 = greedy)"))
-    eval_temperature: float = field(default=0.0, **opt("sampling temperature of evaluations (0 = greedy)"))
     seed: int = field(default=0, **opt("random seed: a run is a pure function of it (whatever the engine)"))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("breadth", "thoughts", "n_votes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.depth < 0 or self.thought_temperature < 0 or self.eval_temperature < 0:
-            raise ValueError("--depth and the temperatures must be >= 0")
+        if self.depth < 0:
+            raise ValueError(f"--depth must be >= 0, got {self.depth}")
 
 
 @dataclass(frozen=True)

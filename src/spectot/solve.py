@@ -111,7 +111,7 @@ def run_solve(
         timeline,
         _appender(options.generations),
     )
-    policy = Policy(backend, search.seed, search.thought_temperature, search.eval_temperature)
+    policy = Policy(backend, search.seed, search.thought_temperature, search.eval_temperature, search.thought_top_p)
     run = SolveRun(stats=backend.stats, timeline=timeline)
     write = _appender(options.json)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from spectot.config import BackendOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 from spectot.explore.queries import ExploreConfig, run_queries
+from spectot.search.expansion import ExpansionSampling
 from spectot.search.tree_search import TreeSearchConfig
 from spectot.tasks.registry import load_problems, make_task
 
@@ -117,6 +118,7 @@ def run_tree_solve(
             tree.queries_in_flight,
             tree.reward,
             search.seed,
+            ExpansionSampling(search.thought_temperature, search.thought_top_p, search.eval_temperature),
         )
         try:
             async for record in records:

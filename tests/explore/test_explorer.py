@@ -22,7 +22,7 @@ from spectot.explore.explorer import Explorer, SharedBudget, expected_widths
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.explore.termination import settled
 from spectot.search.bfs import reward_balanced_search, width_rule
-from spectot.search.expansion import Child, Expander
+from spectot.search.expansion import Child, ExpansionSampling, Expander
 from spectot.search.mcts import mcts_search
 from spectot.search.tree_search import PlainSource, TreeSearchConfig
 from spectot.tasks.base import Problem, StepRequest, Task
@@ -201,3 +201,19 @@ def test_queries_share_the_budget_and_every_query_finishes() -> None:
     records = asyncio.run(main())
     assert sorted(r.id for r in records) == [p.id for p in problems]
     assert all(r.spec["budget_peak"] <= 4 for r in records)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "thought", "evaluation"),
+    [(None, (1.0, 1.0), (0.0, 1.0)), (ExpansionSampling(0.7, 0.9, 0.2), (0.7, 0.9), (0.2, 1.0))],
+)
+def test_expansions_sample_as_configured(sampling, thought, evaluation) -> None:
+    backend = ScriptedBackend(5)
+
+    async def main():
+        config, explore = TreeSearchConfig(budget=3), ExploreConfig("spex", k_total=3)
+        return [r async for r in run_queries(ToyTask(), [PROBLEM], backend, config, explore, sampling=sampling)]
+
+    asyncio.run(main())
+    asked = {(r.prompt.split("|")[0], r.temperature, r.top_p) for r in backend.log}
+    assert asked == {("think", *thought), ("value", *evaluation)}

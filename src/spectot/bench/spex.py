@@ -26,16 +26,31 @@ import torch
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records, machine_info
 from spectot.explore.budget import k_total_from_curve
-from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
+from spectot.config import (
+    BenchSpexOptions,
+    DraftOptions,
+    ModelOptions,
+    SearchOptions,
+    SolveOptions,
+    ThoughtSampling,
+    TreeSearchOptions,
+)
 
 VARIANTS = {"plain": ("none", "ar"), "spex": ("spex", "ar"), "sd": ("none", "sd"), "spex+sd": ("spex", "sd")}
 
 
-def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOptions, opts: BenchSpexOptions) -> dict:
+def run_bench_spex(
+    model: ModelOptions,
+    draft: DraftOptions,
+    tree: TreeSearchOptions,
+    opts: BenchSpexOptions,
+    sampling: ThoughtSampling | None = None,
+) -> dict:
     from spectot.backends.local import LocalEngineBackend
     from spectot.pipeline import Pipeline
     from spectot.tree_solve import run_tree_solve
 
+    sampling = sampling or ThoughtSampling()  # T = 1, no nucleus, greedy evaluations
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     if model.threads:
@@ -55,7 +70,7 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
     # (each cell records its task's data file instead: a cell is redone when that file changes)
     selection = ("gsm8k", "math500", "searches", "in_flight", "variants", "remote", "out")
     config_key = {k: v for k, v in asdict(opts).items() if k not in selection}
-    config_key |= {**asdict(model), **asdict(draft), **asdict(tree)}
+    config_key |= {**asdict(model), **asdict(draft), **asdict(tree), **asdict(sampling)}
     records = load_records(out / "records.jsonl", config_key)
 
     k_total = opts.fixed_k_total
@@ -81,7 +96,11 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=opts.problems)
             bar.update(job, description=f"{task} {search} x{queries} {variant}")
             run = run_tree_solve(
-                SearchOptions(search=search), options, solve, backend, report=lambda *a: bar.advance(job)
+                SearchOptions(search=search, **asdict(sampling)),
+                options,
+                solve,
+                backend,
+                report=lambda *a: bar.advance(job),
             )
             answers = {r["id"]: r["answer"] for r in run.records}
             value = {**run.summary(), "k_total": k_total, "data": dict(tasks)[task], "answers": answers}
@@ -89,7 +108,8 @@ def run_bench_spex(model: ModelOptions, draft: DraftOptions, tree: TreeSearchOpt
             write_results(out, records, cells, config_key)  # the table so far: an interrupted run still has one
     remote = records.get(("remote",))
     if opts.remote and remote is None and tasks:
-        remote = check_remote(pipe, model, tree, tasks[0], searches[0], min(opts.problems, 4), k_total)
+        first = SearchOptions(search=searches[0], **asdict(sampling))
+        remote = check_remote(pipe, model, tree, tasks[0], first, min(opts.problems, 4), k_total)
         append_record(out / "records.jsonl", config_key, ("remote",), remote, records)
 
     return write_results(out, records, cells, config_key)
@@ -122,7 +142,7 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         "machine": machine_info(),
     }
     (out / "results.json").write_text(json.dumps(result, indent=1))
-    (out / "results.md").write_text(markdown(rows, curve, remote))
+    (out / "results.md").write_text(markdown(rows, curve, remote, config_key))
     return result
 
 
@@ -160,7 +180,9 @@ def _k_total(curve: dict) -> int:
     return k_total_from_curve(curve["concurrency"], curve["tokens_per_second"])
 
 
-def check_remote(pipe, model: ModelOptions, tree: TreeSearchOptions, task, search: str, n: int, k_total: int) -> dict:
+def check_remote(
+    pipe, model: ModelOptions, tree: TreeSearchOptions, task, search: SearchOptions, n: int, k_total: int
+) -> dict:
     """The same questions through `spectot serve` + the OpenAI backend and in-process: same answers?"""
     from spectot.backends.local import LocalEngineBackend
     from spectot.backends.openai import OpenAIBackend
@@ -170,16 +192,16 @@ def check_remote(pipe, model: ModelOptions, tree: TreeSearchOptions, task, searc
     name, data = task
     options = replace(tree, explore="spex", k_total=k_total, queries_in_flight=4)
     solve = SolveOptions(task=name, data=data, limit=n)
-    local = run_tree_solve(SearchOptions(search=search), options, solve, LocalEngineBackend.from_pipeline(pipe))
+    local = run_tree_solve(search, options, solve, LocalEngineBackend.from_pipeline(pipe))
     served = LocalEngineBackend.from_pipeline(pipe, name=model.target)
     with BackgroundServer(create_app(served)) as server:
         remote_backend = OpenAIBackend.from_urls([f"{server.url}/v1"], model.target)
-        remote = run_tree_solve(SearchOptions(search=search), options, solve, remote_backend)
+        remote = run_tree_solve(search, options, solve, remote_backend)
     asyncio.run(served.aclose())
     same = lambda run: {r["id"]: r["answer"] for r in run.records}  # noqa: E731
     return {
         "task": name,
-        "search": search,
+        "search": search.search,
         "questions": n,
         "local": local.summary(),
         "remote": remote.summary(),
@@ -187,7 +209,7 @@ def check_remote(pipe, model: ModelOptions, tree: TreeSearchOptions, task, searc
     }
 
 
-def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
+def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | None = None) -> str:
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
         "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
@@ -201,6 +223,12 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None) -> str:
             f"{fmt(r['accuracy_delta_vs_plain'])} | {r['speculated']} | {fmt(r['hit_rate'])} | "
             f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {r['stopped_early']} | {fmt(_ceiling(r))} |"
         )
+    sampling = ThoughtSampling(**{k: v for k, v in (config or {}).items() if k in ThoughtSampling.__dataclass_fields__})
+    lines += [
+        "",
+        f"Thoughts sampled at temperature {sampling.thought_temperature:g}, top-p {sampling.thought_top_p:g}; "
+        f"evaluations at temperature {sampling.eval_temperature:g}.",
+    ]
     if any(_ceiling(r) is not None for r in rows):
         lines += [
             "",

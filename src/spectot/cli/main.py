@@ -16,6 +16,7 @@ from spectot.config import (
     BenchSpexOptions,
     ServeOptions,
     TreeSearchOptions,
+    ThoughtSampling,
     BenchGenerateOptions,
     DraftOptions,
     GenerateOptions,
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     for cls in (ModelOptions, DraftOptions, SearchOptions, BenchTotOptions):
         add_flags(bench_tot, cls)
     bench_spex = bench_commands.add_parser("spex", help="SPEX's table: REBASE / rStar +- SPEX +- SD, queries in flight")
-    for cls in (ModelOptions, DraftOptions, TreeSearchOptions, BenchSpexOptions):
+    for cls in (ModelOptions, DraftOptions, TreeSearchOptions, ThoughtSampling, BenchSpexOptions):
         add_flags(bench_spex, cls)
     return parser
 
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 from_flags(args, DraftOptions),
                 from_flags(args, TreeSearchOptions),
                 from_flags(args, BenchSpexOptions),
+                from_flags(args, ThoughtSampling),
             )
             return 0
         if args.command == "trace":

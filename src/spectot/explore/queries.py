@@ -18,7 +18,7 @@ from spectot.backends.base import AsyncBackend
 from spectot.explore.explorer import Explorer, SharedBudget, SpecCounters
 from spectot.explore.termination import settled
 from spectot.search.bfs import reward_balanced_search
-from spectot.search.expansion import Expander, RewardKind
+from spectot.search.expansion import Expander, ExpansionSampling, RewardKind
 from spectot.search.mcts import mcts_search
 from spectot.search.tree_search import PlainSource, TreeSearchConfig
 from spectot.tasks.base import Problem, Task
@@ -68,6 +68,7 @@ async def run_queries(
     in_flight: int = 1,
     reward: RewardKind = "self_eval",
     seed: int = 0,
+    sampling: ExpansionSampling | None = None,
 ) -> AsyncIterator[QueryRecord]:
     if in_flight < 1:
         raise ValueError(f"queries in flight must be >= 1, got {in_flight}")
@@ -83,7 +84,7 @@ async def run_queries(
     async def one(q: int, problem: Problem) -> QueryRecord:
         async with gate:
             t = time.perf_counter()
-            expander = Expander(task, problem, backend, reward, seed)
+            expander = Expander(task, problem, backend, reward, seed, sampling or ExpansionSampling())
             source = Explorer(expander, budget, q, explore.lookahead) if budget is not None else PlainSource(expander)
             run = mcts_search if search.algorithm in ("rstar", "rest-mcts") else reward_balanced_search
             try:

@@ -53,6 +53,19 @@ class Child:
         return cls(ChildKey(parent, index), parent + (step,), step, reward, final, answer, 10, 0.0)
 
 
+@dataclass(frozen=True)
+class ExpansionSampling:
+    """How an expansion samples: its thought at (temperature, top_p), its self-evaluation at eval_temperature."""
+
+    temperature: float = 1.0  # thoughts are sampled
+    top_p: float = 1.0  # 1 = off
+    eval_temperature: float = 0.0  # evaluations are greedy
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and self.eval_temperature >= 0 and 0 < self.top_p <= 1):
+            raise ValueError(f"temperatures must be >= 0 and top_p in (0, 1], got {self}")
+
+
 @dataclass
 class ExpansionCounters:
     expansions: int = 0
@@ -69,14 +82,17 @@ class Expander:
     backend: AsyncBackend
     reward: RewardKind | RewardModel = "self_eval"
     seed: int = 0
-    temperature: float = 1.0  # thoughts are sampled; evaluations are greedy
+    sampling: ExpansionSampling = field(default_factory=lambda: ExpansionSampling())
     counters: ExpansionCounters = field(default_factory=ExpansionCounters)
 
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
         t = time.perf_counter()
         step_request = self.task.thought(self.problem, key.parent)
         [seed] = stream_seeds(self.seed, "TG", self.problem.id, key.parent, key.index, n=1)
-        out = await self._complete(step_request, self.temperature, seed, priority, logprobs=self.reward == "logprob")
+        sampling = self.sampling
+        out = await self._complete(
+            step_request, sampling.temperature, seed, priority, sampling.top_p, logprobs=self.reward == "logprob"
+        )
         step = self.task.parse_thought(self.problem, key.parent, out.text)
         state = key.parent + (step,)
         reward, reward_tokens = await self._reward(state, out, priority)
@@ -93,17 +109,25 @@ class Expander:
         if callable(self.reward):
             return float(self.reward(self.problem, state)), 0
         [seed] = stream_seeds(self.seed, "SE", self.problem.id, state, n=1)
-        judged = await self._complete(self.task.value(self.problem, state), 0.0, seed, priority)
+        judged = await self._complete(
+            self.task.value(self.problem, state), self.sampling.eval_temperature, seed, priority
+        )
         low, high = self.task.value_range
         score = (self.task.parse_value(judged.text) - low) / (high - low)
         return min(1.0, max(0.0, score)), judged.completion_tokens
 
     async def _complete(
-        self, step: StepRequest, temperature: float, seed: int, priority: int, logprobs: bool = False
+        self,
+        step: StepRequest,
+        temperature: float,
+        seed: int,
+        priority: int,
+        top_p: float = 1.0,
+        logprobs: bool = False,
     ) -> Completion:
         self.counters.requests += 1
         request = CompletionRequest(
-            step.prompt, step.max_new_tokens, temperature, 1.0, step.stop, seed, logprobs, priority, chat=True
+            step.prompt, step.max_new_tokens, temperature, top_p, step.stop, seed, logprobs, priority, chat=True
         )
         return await self.backend.complete(request)
 

@@ -49,12 +49,13 @@ class ComponentStats:
 
 @dataclass(frozen=True)
 class GenerationCall:
-    """One level's worth of generation: prompts, their sampling temperature and random seeds."""
+    """One level's worth of generation: prompts, their sampling settings and random seeds."""
 
     requests: Sequence[StepRequest]
     temperature: float  # 0 = greedy
     seeds: Sequence[int]
     component: str  # "TG" or "SE"
+    top_p: float = 1.0  # nucleus mass (1 = off)
 
 
 class Backend(Protocol):
@@ -80,12 +81,13 @@ class Policy:
     seed: int = 0
     thought_temperature: float = 1.0  # SEED / ToT sample thoughts at temperature 1
     eval_temperature: float = 0.0
+    thought_top_p: float = 1.0
 
     def generate(self, requests: Sequence[StepRequest], *labels: object) -> list[str]:
-        return self._call(requests, self.thought_temperature, "TG", labels)
+        return self._call(requests, "TG", labels)
 
     def evaluate(self, requests: Sequence[StepRequest], *labels: object) -> list[str]:
-        return self._call(requests, self.eval_temperature, "SE", labels)
+        return self._call(requests, "SE", labels)
 
     def generate_then_evaluate(
         self, requests: Sequence[StepRequest], evaluation: FollowRequest, *labels: object
@@ -98,18 +100,22 @@ class Policy:
         if not getattr(self.backend, "chains", False):
             texts = self.generate(requests, *labels)
             return texts, self.evaluate([evaluation(i, t) for i, t in enumerate(texts)], *labels)
-        first = self._level(requests, self.thought_temperature, "TG", labels, len(requests))
-        then = self._level((), self.eval_temperature, "SE", labels, len(requests))  # requests made as texts end
+        first = self._level(requests, "TG", labels, len(requests))
+        then = self._level((), "SE", labels, len(requests))  # requests made as texts end
         return self.backend.generate_chained(first, then, evaluation)
 
-    def _call(self, requests: Sequence[StepRequest], temperature: float, component: str, labels) -> list[str]:
+    def _call(self, requests: Sequence[StepRequest], component: str, labels) -> list[str]:
         if not requests:
             return []
-        return self.backend.generate(self._level(requests, temperature, component, labels, len(requests)))
+        return self.backend.generate(self._level(requests, component, labels, len(requests)))
 
-    def _level(self, requests, temperature: float, component: str, labels, n: int) -> GenerationCall:
-        """One level's call: n stream seeds, a pure function of the run's seed and the level's labels."""
-        return GenerationCall(requests, temperature, stream_seeds(self.seed, component, *labels, n=n), component)
+    def _level(self, requests, component: str, labels, n: int) -> GenerationCall:
+        """One level's call: G's or E's sampling, n stream seeds (a pure function of the run's seed and the
+        level's labels)."""
+        seeds = stream_seeds(self.seed, component, *labels, n=n)
+        if component == "TG":
+            return GenerationCall(requests, self.thought_temperature, seeds, component, self.thought_top_p)
+        return GenerationCall(requests, self.eval_temperature, seeds, component)
 
 
 @dataclass
@@ -164,7 +170,7 @@ class LocalBackend:
     def _config(self, call: GenerationCall, stop: tuple[str, ...], max_new: int) -> DecodeConfig:
         from spectot.spec.sampling import SamplingParams
 
-        sampling = SamplingParams(do_sample=call.temperature > 0, temperature=call.temperature or 1.0)
+        sampling = SamplingParams(do_sample=call.temperature > 0, temperature=call.temperature or 1.0, top_p=call.top_p)
         return DecodeConfig(max_new, sampling, self.method, self.num_draft_tokens, stop)
 
     def generate(self, call: GenerationCall) -> list[str]:
@@ -205,6 +211,7 @@ class LocalBackend:
                     {
                         "component": call.component,
                         "temperature": call.temperature,
+                        "top_p": call.top_p,
                         "prompt_ids": list(res.prompt_ids),
                         "token_ids": list(res.token_ids),
                     }
