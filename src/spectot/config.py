@@ -161,6 +161,13 @@ class DraftOptions:
             "sequoia (DP tree for --acceptance, --tree-budget, --tree-depth), or dynamic: pct, vct, cape, eagle2"
         ),
     )
+    coupled: bool = field(
+        default=True,
+        **opt(
+            "trained drafts, sampling: guess token j as argmax q / E_j with the noise the target draws it with "
+            "(accepted more often at T = 1; the output is the same), else the draft's argmax"
+        ),
+    )
     tree_children: TreeChildren = field(
         default="auto",
         **opt(

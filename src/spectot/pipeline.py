@@ -92,7 +92,9 @@ def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOption
             decoder.model, max_context=target.max_context, kernels=model.kernels, exact_attention=False
         )
         policy, children = make_tree_policy(options)
-        return DraftDecoderProposer(decoder, runner, policy, children, name=options.draft, lookup=options.lookup)
+        return DraftDecoderProposer(
+            decoder, runner, policy, children, name=options.draft, lookup=options.lookup, coupled=options.coupled
+        )
     draft = load_model(options.draft, dtype=model.dtype, device=str(target.model.device))
     check_same_vocabulary(target, draft)
     runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels, exact_attention=False)

@@ -117,6 +117,45 @@ def test_greedy_decoding_with_a_draft_that_always_agrees(tiny_llama, policy: str
             assert r.stats.accepted_by_position == r.stats.reached_by_position
 
 
+# -- sampled, deterministic drafts: guessed with the target's own noise ------------------------------
+
+
+@pytest.mark.parametrize("policy", ["chain", "k_config", "pct"])
+def test_sampled_decoding_with_coupled_guesses_equals_ar(target, drafts, policy: str) -> None:
+    """T = 1, top-ranked drafts whose first rank is the guess argmax q / E_j: the output is ar's own sample,
+    token for token, for the same seeds."""
+    sampling = SamplingParams(do_sample=True, temperature=1.0)
+    ar = [r.token_ids for r in decode(target, PROMPTS, max_new_tokens=MAX_NEW, sampling=sampling, seed=3)]
+    prop = proposer(drafts["edd"], POLICIES[policy])
+    out = decode(target, PROMPTS, prop, max_new_tokens=MAX_NEW, num_draft_tokens=3, sampling=sampling, seed=3)
+    assert [r.token_ids for r in out] == ar
+    assert all(r.stats.proposed > 0 for r in out)
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted_at_temperature_one(tiny_llama) -> None:
+    """The draft is the target (a one-layer VDM copy, whole vocabulary): guessed with the target's noise, each
+    drafted token is the target's own draw, so nearly every one is accepted; the draft's argmax would land
+    only with the target's probability of it."""
+    target = tiny_llama(0, num_hidden_layers=1)
+    draft = make_draft(target, "vdm", torch.arange(64))
+    sampling = SamplingParams(do_sample=True, temperature=1.0)
+    ar = [r.token_ids for r in decode(target, PROMPTS, max_new_tokens=MAX_NEW, sampling=sampling)]
+    out = decode(target, PROMPTS, proposer(draft), max_new_tokens=MAX_NEW, num_draft_tokens=4, sampling=sampling)
+    assert [r.token_ids for r in out] == ar
+    proposed, accepted = sum(r.stats.proposed for r in out), sum(r.stats.accepted for r in out)
+    assert proposed > 0 and accepted >= 0.95 * proposed
+
+
+def test_coupled_first_puts_the_guess_first_and_keeps_the_other_top_tokens() -> None:
+    from spectot.spec.proposers.draft_decoder import _coupled_first
+
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]])
+    top = q.topk(3, -1).indices  # [[3, 2, 1], [0, 1, 2]]
+    noise = torch.tensor([1.0, 1.0, 0.01, 1.0], dtype=torch.float64)  # token 2 wins both races
+    assert _coupled_first(q, top, noise).tolist() == [[2, 3, 1], [2, 0, 1]]
+    assert _coupled_first(q, top, torch.ones(4, dtype=torch.float64)).tolist() == top.tolist()  # E = 1: argmax
+
+
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
 def test_adaptive_length_learns_from_draft_decoder_chains(target, drafts, sampling: SamplingParams) -> None:
     """A draft decoder's chains reach the adaptive draft length's estimate (they once went out as

@@ -8,7 +8,16 @@ import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
-from spectot.spec.sampling import SamplingParams, argmax, position_uniform, sample, sample_at, target_probs
+from spectot.spec.sampling import (
+    CoupledNoise,
+    SamplingParams,
+    argmax,
+    coupled_pick,
+    position_noise,
+    sample,
+    sample_at,
+    target_probs,
+)
 
 SAMPLING = SamplingParams(do_sample=True)
 
@@ -211,13 +220,38 @@ def test_sample_from_target_probs_stays_in_top_k() -> None:
 # ----------------------------------------------------------------------------- sample_at
 
 
-def test_position_uniform_is_a_function_of_seed_and_position() -> None:
-    a = position_uniform(7, 3)
-    assert 0.0 <= a < 1.0 and a == position_uniform(7, 3)
-    assert a != position_uniform(7, 4) and a != position_uniform(8, 3)
-    assert position_uniform(-1, 3) == position_uniform(2**64 - 1, 3)  # any int seed works
-    draws = torch.tensor([position_uniform(0, j) for j in range(20_000)]).numpy()
-    assert kstest(draws, "uniform").pvalue > 1e-3  # uniform over positions of one stream
+def test_position_noise_is_a_function_of_seed_and_position() -> None:
+    a = position_noise(7, 3, 64)
+    assert a.shape == (64,) and a.dtype == torch.float64 and bool((a > 0).all())
+    assert torch.equal(a, position_noise(7, 3, 64))
+    assert not torch.equal(a, position_noise(7, 4, 64)) and not torch.equal(a, position_noise(8, 3, 64))
+    assert torch.equal(position_noise(-1, 3, 8), position_noise(2**64 - 1, 3, 8))  # any int seed works
+    draws = torch.cat([position_noise(0, j, 10) for j in range(2_000)]).numpy()
+    assert kstest(draws, "expon").pvalue > 1e-3  # Exp(1) over positions of one stream
+
+
+def test_coupled_noise_draws_each_position_once_and_forgets_the_spent() -> None:
+    noise = CoupledNoise(5)
+    first = noise(2, 16)
+    assert noise(2, 16) is first and torch.equal(first, position_noise(5, 2, 16))
+    noise(3, 16)
+    noise.forget_before(3)
+    assert noise(3, 16) is noise(3, 16) and noise(2, 16) is not first  # 2 was dropped, drawn again alike
+    assert torch.equal(noise(2, 16), first)
+
+
+def test_a_guess_with_the_targets_noise_matches_its_draw_far_more_often_than_the_argmax() -> None:
+    """Coupled guesses: a draft equal to the target always matches; a close one matches at least
+    (1 - TV) / (1 + TV) of the time (Daliri et al. 2024), where its argmax matches only p(argmax q)."""
+    p = torch.tensor([0.22, 0.2, 0.18, 0.15, 0.1, 0.08, 0.07, 0.0])
+    q = torch.tensor([0.18, 0.24, 0.16, 0.15, 0.12, 0.08, 0.05, 0.02])
+    n = 4_000
+    noises = [position_noise(11, j, 8) for j in range(n)]
+    assert all(int(coupled_pick(p, e)) == sample_at(p, 11, j) for j, e in enumerate(noises[:200]))
+    matched = sum(int(coupled_pick(q, e)) == sample_at(p, 11, j, e) for j, e in enumerate(noises)) / n
+    tv = 0.5 * float((p - q).abs().sum())
+    assert matched > (1 - tv) / (1 + tv) - 4 * (0.25 / n) ** 0.5
+    assert matched > float(p[q.argmax()]) + 0.3  # 0.2 for the argmax guess
 
 
 def test_sample_at_draws_from_probs_across_positions_of_one_stream() -> None:
@@ -248,3 +282,15 @@ def test_argmax_is_torchs_with_ties_to_the_lowest_index(dtype: torch.dtype) -> N
     assert int(argmax(x[0])) == 1
     logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(0))
     assert torch.equal(argmax(logits), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])  # nuclei of ~all, thousands and a few tokens
+def test_top_p_read_off_the_top_tokens_equals_a_full_sort(scale: float) -> None:
+    logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(1)) * scale
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(-1)
+    drop = torch.zeros_like(order, dtype=torch.bool).scatter_(
+        -1, order, (sorted_probs.cumsum(-1) - sorted_probs) >= 0.9
+    )
+    expected = logits.masked_fill(drop, float("-inf")).softmax(-1)
+    torch.testing.assert_close(target_probs(logits, SamplingParams(do_sample=True, top_p=0.9)), expected)

@@ -28,7 +28,7 @@ from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.draft_length import DraftLength, fan_chain_outcome
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
-from spectot.spec.sampling import SamplingParams, argmax, sample_at, target_probs
+from spectot.spec.sampling import CoupledNoise, SamplingParams, argmax, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
 from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
 from spectot.spec.trees.dynamic import StaticPolicy, TreePolicy
@@ -73,6 +73,7 @@ class _Stream:
     seed: int  # the stream's token j is drawn with noise E_j(seed, j) (``sample_at``): every engine emits the same
     generator: torch.Generator  # from the seed: a sampling draft's own randomness (and its verification's)
     config: DecodeConfig
+    noise: CoupledNoise  # E_j by position, shared by a deterministic draft's guesses and the target's draws
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -197,7 +198,7 @@ class DecodeSession:
             seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
         first, self._next_key = self._next_key, self._next_key + len(prompts)
         new = [
-            _Stream(first + i, None, list(p), seed, torch.Generator().manual_seed(seed), config)
+            _Stream(first + i, None, list(p), seed, torch.Generator().manual_seed(seed), config, CoupledNoise(seed))
             for i, (p, seed) in enumerate(zip(prompts, seeds))
         ]
         self.streams += new
@@ -373,7 +374,8 @@ class DecodeSession:
         hidden = torch.cat(s.unseen_hidden) if s.unseen_hidden else None
         s.unseen_hidden = []
         k = _draft_room(s) if k is None else min(k, _draft_room(s))
-        return DraftRequest(s.key, s.tokens, k, hidden, generator=s.generator, policy=policy)
+        noise = None if s.config.sampling.greedy else s.noise
+        return DraftRequest(s.key, s.tokens, k, hidden, s.generator, policy, noise, len(s.generated))
 
     def verify(
         self, streams: Sequence[_Stream], drafts: Sequence[Draft], filling: Sequence[tuple[_Stream, int]] = ()
@@ -461,6 +463,7 @@ class DecodeSession:
         that position (``sample_at``), so the output equals ``ar``'s token for token. A sampling draft under a
         sampling stream keeps speculative sampling."""
         sampling, first = s.config.sampling, len(s.generated)  # the root's token is generated token ``first``
+        vocab = logits.shape[-1]
         if sampling.greedy:
             best = argmax(logits).tolist()
 
@@ -469,7 +472,8 @@ class DecodeSession:
         else:
 
             def target(row: int, depth: int) -> int:  # only the rows on the accepted path are drawn
-                return sample_at(target_probs(logits[row], sampling), s.seed, first + depth)
+                position = first + depth
+                return sample_at(target_probs(logits[row], sampling), s.seed, position, s.noise(position, vocab))
 
         if draft.parents is not None:
             if sampling.greedy or draft.rule in (None, "deterministic"):
@@ -488,11 +492,13 @@ class DecodeSession:
         """The stream's next token on its own: plain decoding's draw at its position."""
         if s.config.sampling.greedy:
             return int(argmax(logits))
-        return sample_at(target_probs(logits, s.config.sampling), s.seed, len(s.generated))
+        position = len(s.generated)
+        return sample_at(target_probs(logits, s.config.sampling), s.seed, position, s.noise(position, logits.shape[-1]))
 
     def _emit(self, s: _Stream, new: list[int], logprobs: list[float]) -> int:
         """Append tokens until a stop condition; returns how many were kept."""
         config = s.config
+        s.noise.forget_before(len(s.generated))  # the noise of tokens emitted before these is spent
         for i, (token, logprob) in enumerate(zip(new, logprobs)):
             s.generated.append(token)
             s.logprobs.append(logprob)

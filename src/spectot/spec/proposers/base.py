@@ -8,7 +8,7 @@ a greedy or n-gram draft verified against its real logits would not be lossless)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +28,11 @@ class DraftRequest:
     hidden: torch.Tensor | None = None  # (m, H) target hidden states of the tokens committed since the last request
     generator: torch.Generator | None = None  # the stream's own random source (else the propose call's)
     policy: TreePolicy | None = None  # the tree to grow for this stream (else the proposer's own)
+    # a sampling stream's noise E_j, (position j, vocabulary size) -> (V,) (``sampling.CoupledNoise``): a
+    # deterministic draft that guesses token j as argmax q / E_j matches the target's own draw more often than
+    # its argmax does; None under greedy decoding
+    noise: Callable[[int, int], torch.Tensor] | None = None
+    position: int = 0  # j of the draft's first token (tokens generated so far)
 
 
 @dataclass(frozen=True)
