@@ -76,17 +76,34 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def outside_nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor:
     """(..., V) bool: the tokens top-p drops, those whose more likely tokens already hold ``top_p`` of the mass
-    (the first always stays). Read off each row's ``first`` most likely tokens, eight times as many while a
-    row's nucleus reaches past them: on two Zen 5 cores the top 256 of 49,152 probabilities take 0.1 ms, the
-    top 2,048 0.6 ms, a full sort 3.5 ms (more than a one-row target forward)."""
-    k = min(first, probs.shape[-1])
-    while True:
-        top, order = probs.topk(k, dim=-1)  # (..., k), most likely first
-        drop_top = (top.cumsum(-1) - top) >= top_p
-        if k == probs.shape[-1] or bool(drop_top[..., -1].all()):  # every nucleus ends among the k
-            break
-        k = min(8 * k, probs.shape[-1])
-    return torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, drop_top)
+    (the first always stays). Read off the ``first`` most likely tokens where every row's nucleus ends among
+    them (0.1 ms for 256 of 49,152 on two Zen 5 cores), else row by row from a histogram of log-probabilities
+    (``_row_outside_nucleus``, 0.3 ms); a full sort costs 3.5 ms, more than a one-row target forward."""
+    top, order = probs.topk(min(first, probs.shape[-1]), dim=-1)  # (..., first), most likely first
+    drop_top = (top.cumsum(-1) - top) >= top_p
+    if top.shape[-1] == probs.shape[-1] or bool(drop_top[..., -1].all()):
+        return torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, drop_top)
+    rows = probs.reshape(-1, probs.shape[-1]).numpy().astype(np.float64)  # numpy: no thread pool for a row
+    return torch.from_numpy(np.stack([_row_outside_nucleus(p, top_p) for p in rows])).reshape(probs.shape)
+
+
+def _row_outside_nucleus(p: np.ndarray, top_p: float, buckets: int = 1024, span: float = 32.0) -> np.ndarray:
+    """One row of ``outside_nucleus`` without sorting it: tokens fall in ``buckets`` bins by log-probability
+    below the best (``span`` nats, the rest in the last bin). Bins above the one where the cumulative mass
+    first reaches top_p are kept whole, bins below dropped whole; only that bin's tokens are sorted.
+
+    Example: bin masses [0.5, 0.3, 0.15, 0.05], top_p 0.9: bins 0-1 kept (0.8 before bin 2), bin 3 dropped,
+    bin 2's tokens kept while 0.8 + the mass before them in the bin is below 0.9."""
+    logp = np.log(np.maximum(p, np.finfo(np.float64).tiny))
+    bins = np.minimum((logp.max() - logp) * (buckets / span), buckets - 1).astype(np.int64)
+    cumulative = np.cumsum(np.bincount(bins, weights=p, minlength=buckets))
+    edge = min(int(np.searchsorted(cumulative, top_p)), buckets - 1)  # the first bin reaching top_p
+    drop = bins > edge
+    members = np.flatnonzero(bins == edge)
+    members = members[np.argsort(-p[members], kind="stable")]
+    inside = p[members]
+    drop[members] = (cumulative[edge - 1] if edge else 0.0) + np.cumsum(inside) - inside >= top_p
+    return drop
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
