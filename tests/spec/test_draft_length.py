@@ -139,6 +139,21 @@ def test_a_draft_measured_expensive_is_switched_off() -> None:
     assert length.choose(HOT, 5) == 0
 
 
+def test_draft_cost_is_learnt_per_stream_count() -> None:
+    """A draft forward for three streams (their catch-ups, their host work) costs more than for one: each count
+    keeps its own d, a count never seen takes the nearest one's, and only the dear one stops drafting."""
+    length = DraftLength(flat, draft_cost=0.0, priors={1.0: 0.5}, optimism=0.0, smoothing=1.0)
+    length.observe_verify(0.010, 4)  # u = 10 ms
+    length.observe_draft(0.001, 1, streams=1)  # d(1) = 1 ms
+    length.observe_draft(0.010, 1, streams=3)  # d(3) = 10 ms: a whole target step
+    assert length.cost_for(1) == pytest.approx(0.1) and length.cost_for(3) == pytest.approx(1.0)
+    assert length.cost_for(2) == pytest.approx(1.0) and length.cost_for(8) == pytest.approx(1.0)  # nearest
+    assert length.cost == pytest.approx(0.1)
+    assert length.choose(HOT, 5, streams=1) > 0
+    assert length.choose(HOT, 5, streams=3) == 0
+    assert length.choose_tree(HOT, 5, streams=3) == (0, 1)
+
+
 def test_forward_time_starts_at_the_profile_and_fits_the_engines_forwards() -> None:
     """Prior only: the profile's points (one stream after 256 tokens). Then forwards of many shapes timed from a
     known law s = 9 ms + 0.8 ms a row + 1 ms per 1k context tokens + 1 ms per 1k row-tokens: recovered to 1 %."""

@@ -367,7 +367,7 @@ class DecodeSession:
         self.batch.draft_forwards += forwards
         self.batch.time_draft += seconds
         if self.decoder.draft_length is not None:
-            self.decoder.draft_length.observe_draft(seconds, forwards)
+            self.decoder.draft_length.observe_draft(seconds, forwards, len(streams))
         return drafts
 
     def _draft_request(self, s: _Stream, policy: TreePolicy | None, k: int | None = None) -> DraftRequest:

@@ -232,26 +232,42 @@ class DraftLength:
             raise ValueError(f"runner-up acceptance priors must be probabilities, got {runner_up_priors}")
         self.runners_up: dict[SamplingParams, AcceptanceEstimate] = {}  # P_r, r = 2.. (position i: rank i + 1)
         self.smoothing, self.learn_cost, self.forward_time = smoothing, learn_cost, forward_time
-        self._draft_seconds: float | None = None  # d: EMA of seconds per draft forward
+        # d(B): EMA of seconds per draft forward of a step with B streams (each stream adds its catch-up rows
+        # and its host work, so one d for all would price a search's several streams at a lone stream's cost)
+        self._draft_seconds: dict[int, float] = {}
         self._unit_seconds: float | None = None  # u: EMA of seconds per unit of t
         self._lock = threading.Lock()
 
     @property
     def cost(self) -> float:
-        """c = d / u as measured so far, or the offline draft cost before both were observed."""
-        if not self.learn_cost or self._draft_seconds is None or not self._unit_seconds:
-            return self.draft_cost
-        return self._draft_seconds / self._unit_seconds
+        """c = d(1) / u as measured so far, or the offline draft cost before both were observed."""
+        return self.cost_for(1)
 
-    def observe_draft(self, seconds: float, forwards: int) -> None:
-        """One proposer call of ``forwards`` draft forwards took ``seconds`` (host work included)."""
+    def cost_for(self, streams: int) -> float:
+        """c(B) = d(B) / u: a draft forward for B streams over a unit of t."""
+        d = self.draft_seconds(streams)
+        if not self.learn_cost or d is None or not self._unit_seconds:
+            return self.draft_cost
+        return d / self._unit_seconds
+
+    def draft_seconds(self, streams: int) -> float | None:
+        """d(B), or d of the nearest stream count measured (the larger on a tie); None before any."""
+        if not self._draft_seconds:
+            return None
+        nearest = min(self._draft_seconds, key=lambda b: (abs(b - streams), -b))
+        return self._draft_seconds[nearest]
+
+    def observe_draft(self, seconds: float, forwards: int, streams: int = 1) -> None:
+        """One proposer call of ``forwards`` draft forwards for ``streams`` streams took ``seconds`` (host work
+        included)."""
         if forwards <= 0:
             return
         with self._lock:
             per = seconds / forwards
-            if self._draft_seconds is not None:  # capped: a one-off prompt catch-up is not a step's cost
-                per = min(per, 4.0 * self._draft_seconds)
-            self._draft_seconds = _moving_average(self._draft_seconds, per, self.smoothing)
+            known = self._draft_seconds.get(streams)
+            if known is not None:  # capped: a one-off prompt catch-up is not a step's cost
+                per = min(per, 4.0 * known)
+            self._draft_seconds[streams] = _moving_average(known, per, self.smoothing)
 
     def observe_verify(self, seconds: float, rows: int, context: int | None = None, work: int | None = None) -> None:
         """One target forward over ``rows`` rows took ``seconds``, verification included; ``context``: its
@@ -270,7 +286,8 @@ class DraftLength:
             estimate = self._estimate(sampling, match)
             estimate.step()
             alpha = estimate.optimistic(k_max, self.optimism)
-            return best_chain_length(alpha, k_max, self.t_curve, self.cost, max(1, streams))
+            streams = max(1, streams)
+            return best_chain_length(alpha, k_max, self.t_curve, self.cost_for(streams), streams)
 
     def choose_tree(
         self, sampling: SamplingParams, k_max: int, streams: int = 1, context: int | None = None
@@ -288,15 +305,12 @@ class DraftLength:
                 ranks.step()
                 runners_up = ranks.alpha(self.max_width - 1)  # means: w - 1 upper bounds would add up
             streams = max(1, streams)
-            t, c = self.t_curve, self.cost
+            t, c = self.t_curve, self.cost_for(streams)
             model = self.forward_time
             if model is not None and self.learn_cost and context is not None:  # in seconds
                 t = lambda n: model.seconds(n, context, n / streams * context)  # noqa: E731
-                c = (
-                    self._draft_seconds
-                    if self._draft_seconds is not None
-                    else self.draft_cost * model.seconds(1, model.context, model.context)
-                )
+                d = self.draft_seconds(streams)
+                c = d if d is not None else self.draft_cost * model.seconds(1, model.context, model.context)
             return best_fan_chain(alpha, runners_up, k_max, self.max_width, t, c, streams)
 
     def observe(
