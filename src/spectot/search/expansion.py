@@ -82,7 +82,7 @@ class Expander:
     backend: AsyncBackend
     reward: RewardKind | RewardModel = "self_eval"
     seed: int = 0
-    sampling: ExpansionSampling = field(default_factory=lambda: ExpansionSampling())
+    sampling: ExpansionSampling = field(default_factory=ExpansionSampling)
     counters: ExpansionCounters = field(default_factory=ExpansionCounters)
 
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:

@@ -375,7 +375,9 @@ class DecodeSession:
         s.unseen_hidden = []
         k = _draft_room(s) if k is None else min(k, _draft_room(s))
         noise = None if s.config.sampling.greedy else s.noise
-        return DraftRequest(s.key, s.tokens, k, hidden, s.generator, policy, noise, len(s.generated))
+        return DraftRequest(
+            s.key, s.tokens, k, hidden, generator=s.generator, policy=policy, noise=noise, position=len(s.generated)
+        )
 
     def verify(
         self, streams: Sequence[_Stream], drafts: Sequence[Draft], filling: Sequence[tuple[_Stream, int]] = ()
