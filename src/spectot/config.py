@@ -628,7 +628,10 @@ class BenchSpexOptions:
     problems: int = field(default=40, **opt("questions per task"))
     searches: str = field(default="rebase,rstar", **opt("comma-separated searches"))
     in_flight: str = field(default="1,4,8", **opt("comma-separated queries in flight"))
-    variants: str = field(default="plain,spex,sd,spex+sd", **opt("comma-separated: plain, spex, sd, spex+sd"))
+    variants: str = field(
+        default="plain,spex,sd,spex+sd",
+        **opt("comma-separated: plain, spex, sd, spex+sd, spex+es, spex+sd+es (es: early termination)"),
+    )
     remote: bool = field(default=True, **opt("also run once through `spectot serve` + the OpenAI backend"))
     fixed_k_total: int = field(
         default=0, **opt("SPEX's k_total for every cell instead of the one measured from the engine's throughput (0)")

@@ -24,15 +24,18 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
         problems=2,
         searches="rebase",
         in_flight="2",
-        variants="plain,spex,sd",
+        variants="plain,spex,sd,spex+es",
         fixed_k_total=8,  # a tiny model's measured curve is timing noise (k_total 2-4 here): speculate for sure
         out=str(tmp_path),
     )
     tree = TreeSearchOptions(budget=2)
     result = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)
-    assert [r["variant"] for r in result["rows"]] == ["plain", "spex", "sd"]
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert list(rows) == ["plain", "spex", "sd", "spex+es"]
     assert all(r["problems"] == 2 for r in result["rows"])
-    assert result["rows"][1]["speculated"] > 0
+    assert rows["spex"]["speculated"] > 0
+    # early termination is asked of the es cell only (the tiny model's thoughts reach no answer to vote on)
+    assert rows["spex"]["stopped_early"] == 0 and 0 <= rows["spex+es"]["stopped_early"] <= 2
     assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2
     table = (tmp_path / "results.md").read_text()
     assert "| gsm8k | rebase | 2 | spex |" in table

@@ -2,8 +2,9 @@
 
 For each task (GSM8K, MATH-500), search (REBASE, rStar), queries in flight (1 / 4 / 8) and variant —
 ``plain`` (the async search alone), ``spex`` (+ speculative exploration), ``sd`` (+ token-level
-speculative decoding inside every expansion), ``spex+sd`` (both) — the same questions run with the
-same seeds on one loaded target: questions per minute, accuracy, speculation hit / saving rates and
+speculative decoding inside every expansion), ``spex+sd`` (both), and on request ``spex+es`` /
+``spex+sd+es`` (+ SPEX's early termination: a query stops once its weighted vote is settled, which may change
+its answer) — the same questions run with the same seeds on one loaded target: questions per minute, accuracy, speculation hit / saving rates and
 wasted tokens, and the speedup over ``plain`` at the same concurrency. Before the table, the local
 engine's throughput is measured at rising concurrency; k_total (SPEX's global cap on expansions in
 flight) is the most requests that still run at nearly solo speed (``--fixed-k-total`` sets it instead).
@@ -36,7 +37,15 @@ from spectot.config import (
     TreeSearchOptions,
 )
 
-VARIANTS = {"plain": ("none", "ar"), "spex": ("spex", "ar"), "sd": ("none", "sd"), "spex+sd": ("spex", "sd")}
+# variant: (exploration, decoding method, early termination)
+VARIANTS = {
+    "plain": ("none", "ar", False),
+    "spex": ("spex", "ar", False),
+    "sd": ("none", "sd", False),
+    "spex+sd": ("spex", "sd", False),
+    "spex+es": ("spex", "ar", True),
+    "spex+sd+es": ("spex", "sd", True),
+}
 
 
 def run_bench_spex(
@@ -89,10 +98,16 @@ def run_bench_spex(
     with progress_bar() as bar:
         job = bar.add_task("bench spex", total=len(todo) * opts.problems)
         for task, search, queries, variant in todo:
-            explore, method = VARIANTS[variant]
+            explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each cell starts cold: the same prefill work for every variant
             backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
-            options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries)
+            options = replace(
+                tree,
+                explore=explore,
+                k_total=k_total,
+                queries_in_flight=queries,
+                early_stop=tree.early_stop or early_stop,
+            )
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=opts.problems)
             bar.update(job, description=f"{task} {search} x{queries} {variant}")
             run = run_tree_solve(
