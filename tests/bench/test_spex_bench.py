@@ -37,6 +37,7 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     # early termination is asked of the es cell only (the tiny model's thoughts reach no answer to vote on)
     assert rows["spex"]["stopped_early"] == 0 and 0 <= rows["spex+es"]["stopped_early"] <= 2
     assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2
+    assert (tmp_path / "results.png").stat().st_size > 0
     table = (tmp_path / "results.md").read_text()
     assert "| gsm8k | rebase | 2 | spex |" in table
     assert "k_total = 8 (fixed" in table and result["concurrency"] is None  # no throughput sweep when fixed

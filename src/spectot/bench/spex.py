@@ -1,4 +1,4 @@
-"""`spectot bench spex`: SPEX's table on this machine — REBASE and rStar, with and without speculation.
+"""`spectot bench spex`: SPEX's table (and results.png) on this machine — REBASE and rStar, with and without speculation.
 
 For each task (GSM8K, MATH-500), search (REBASE, rStar), queries in flight (1 / 4 / 8) and variant —
 ``plain`` (the async search alone), ``spex`` (+ speculative exploration), ``sd`` (+ token-level
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -38,6 +39,8 @@ from spectot.config import (
 )
 
 # variant: (exploration, decoding method, early termination)
+logger = logging.getLogger(__name__)
+
 VARIANTS = {
     "plain": ("none", "ar", False),
     "spex": ("spex", "ar", False),
@@ -158,7 +161,41 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
     }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "results.md").write_text(markdown(rows, curve, remote, config_key))
+    plot(rows, out / "results.png")
     return result
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Speedup over plain at each number of queries in flight, one panel per task and search, one bar per
+    variant (plain's own bar is the line at 1)."""
+    panels = sorted({(r["task"], r["search"]) for r in rows})
+    variants = [v for v in VARIANTS if v != "plain" and any(r["variant"] == v for r in rows)]
+    if not panels or not variants:
+        return
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no global backend switch
+    except ImportError:
+        logger.warning("matplotlib not installed: skipping %s (pip install 'spectot[bench]')", path)
+        return
+    fig = Figure(figsize=(4.2 * len(panels), 3.6))
+    width = 0.8 / len(variants)
+    for p, (task, search) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), p + 1, sharey=fig.axes[0] if fig.axes else None)
+        mine = [r for r in rows if (r["task"], r["search"]) == (task, search)]
+        levels = sorted({r["in_flight"] for r in mine})
+        for v, variant in enumerate(variants):
+            speedup = {r["in_flight"]: r["speedup_vs_plain"] for r in mine if r["variant"] == variant}
+            xs = [i + (v - (len(variants) - 1) / 2) * width for i, q in enumerate(levels) if speedup.get(q)]
+            ax.bar(xs, [speedup[q] for q in levels if speedup.get(q)], width, label=variant)
+        ax.axhline(1.0, color="#555", linewidth=1)
+        ax.set_xticks(range(len(levels)), [str(q) for q in levels])
+        ax.set_xlabel("queries in flight")
+        ax.set_title(f"{task} · {search}")
+        if p == 0:
+            ax.set_ylabel("questions / min over plain")
+    fig.axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def measure_concurrency(pipe, levels=(1, 2, 4, 8, 16, 32), tokens: int = 32, rounds: int = 3) -> dict:
