@@ -48,6 +48,9 @@ class TreeSolveRun:
             "saving_rate": total("hits") / used if used else 0.0,
             "wasted_tokens": total("wasted_tokens"),
             "cancelled": total("cancelled"),
+            # budget use: speculative expansions in flight, on average over the run and at most in one query
+            "speculating_mean": total("speculative_seconds") / self.seconds if self.seconds else 0.0,
+            "speculating_peak": max((s.get("budget_peak", 0) for s in spec), default=0),
             # BFS: the level-synchronous time of the trees found over their critical path, the speedup
             # perfect speculation with free concurrency would reach on them (search/tree_search.py)
             "level_seconds": levels,

@@ -34,6 +34,8 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     assert list(rows) == ["plain", "spex", "sd", "spex+es"]
     assert all(r["problems"] == 2 for r in result["rows"])
     assert rows["spex"]["speculated"] > 0
+    assert rows["spex"]["speculating_mean"] > 0 < rows["spex"]["speculating_peak"] <= 8  # within k_total
+    assert rows["plain"]["speculating_mean"] == 0 == rows["plain"]["speculating_peak"]
     # early termination is asked of the es cell only (the tiny model's thoughts reach no answer to vote on)
     assert rows["spex"]["stopped_early"] == 0 and 0 <= rows["spex+es"]["stopped_early"] <= 2
     assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2

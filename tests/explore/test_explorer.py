@@ -124,6 +124,7 @@ def test_bfs_tree_is_the_same_with_and_without_speculation(algorithm, latency_se
     assert max(thoughts.values()) == 1
     assert all(r.priority == 0 for r in backend.log if (r.prompt, r.seed) in _primary(plain, backend))
     assert explorer.counters.speculated > 0 and explorer.counters.budget_peak <= 4
+    assert explorer.counters.speculative_seconds > 0  # budget use: the speculative expansions' run time
     assert budget.in_flight.get(0, 0) == 0  # cancelled and finished speculation gave its budget back
     assert budget.primary == 0  # every primary expansion was counted out
 
@@ -175,7 +176,7 @@ def test_mcts_speculation_folds_every_rollout_and_releases_budget(algorithm) -> 
     assert explorer.counters.speculated > 0
     # the search ran to its budget, so every speculative rollout was promoted or folded in: all hits
     assert explorer.counters.hits == explorer.counters.speculated and explorer.counters.cancelled == 0
-    assert explorer.counters.budget_peak <= 3
+    assert explorer.counters.budget_peak <= 3 and explorer.counters.speculative_seconds > 0
     assert budget.in_flight.get(0, 0) == 0
     assert result.answer in {"0", "1", "2", ""}
 

@@ -265,15 +265,16 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
         "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
-        "speculated | hit rate | saving rate | wasted tok | early stops | ceiling |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "speculated | hit rate | saving rate | wasted tok | spec in flight (mean / peak) | early stops | ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['search']} | {r['in_flight']} | {r['variant']} | {r['problems']} | "
             f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])} | {fmt(r['accuracy'])} | "
             f"{fmt(r['accuracy_delta_vs_plain'])} | {r['speculated']} | {fmt(r['hit_rate'])} | "
-            f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {r['stopped_early']} | {fmt(_ceiling(r))} |"
+            f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {_budget_use(r)} | {r['stopped_early']} | "
+            f"{fmt(_ceiling(r))} |"
         )
     sampling = ThoughtSampling(**{k: v for k, v in (config or {}).items() if k in ThoughtSampling.__dataclass_fields__})
     lines += [
@@ -299,6 +300,14 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
             f"equal the in-process run's."
         )
     return "\n".join(lines) + "\n"
+
+
+def _budget_use(row: dict) -> str:
+    """SPEX's budget use: speculative expansions in flight on average over the cell and at most for one query
+    ('-' for records written before it was counted)."""
+    if "speculating_mean" not in row:
+        return "-"
+    return f"{row['speculating_mean']:.2f} / {row['speculating_peak']}"
 
 
 def _ceiling(row: dict) -> float | None:

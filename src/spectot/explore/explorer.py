@@ -24,6 +24,7 @@ expansions never used; saving rate = hits / expansions the search used.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class SpecCounters:
     wasted_tokens: int = 0
     used_tokens: int = 0
     budget_peak: int = 0  # most speculative expansions in flight at once
+    speculative_seconds: float = 0.0  # summed run time of the speculative expansions (cancelled ones included)
 
     @property
     def hit_rate(self) -> float:
@@ -175,10 +177,7 @@ class Explorer:
         """Run a unit of the search's own work (a DFS rollout); a speculative one holds budget."""
         task = asyncio.create_task(work)
         if speculative and self.budget is not None:
-            self.counters.speculated += 1
-            self.budget.started(self.query)
-            self.counters.budget_peak = max(self.counters.budget_peak, self.budget.in_flight[self.query])
-            task.add_done_callback(lambda t: self.budget.finished(self.query))
+            self._hold(task)
         return task
 
     def promote(self) -> None:
@@ -247,13 +246,21 @@ class Explorer:
     def _launch(self, key: ChildKey) -> asyncio.Task:
         task = asyncio.create_task(self.expander.expand(key, SPECULATIVE))
         self._jobs[key] = _Job(task, speculative=True)
-        self.counters.speculated += 1
-        if self.budget is not None:
-            self.budget.started(self.query)
-            in_flight = self.budget.in_flight.get(self.query, 0)
-            self.counters.budget_peak = max(self.counters.budget_peak, in_flight)
-            task.add_done_callback(lambda t: self.budget.finished(self.query))
+        self._hold(task)  # speculation runs only under a budget (``speculating``)
         return task
+
+    def _hold(self, task: asyncio.Task) -> None:
+        """A speculative expansion holds the query's budget until it ends, and counts toward its budget use."""
+        self.counters.speculated += 1
+        self.budget.started(self.query)
+        self.counters.budget_peak = max(self.counters.budget_peak, self.budget.in_flight[self.query])
+        began = time.perf_counter()
+
+        def done(_: asyncio.Task) -> None:
+            self.budget.finished(self.query)
+            self.counters.speculative_seconds += time.perf_counter() - began
+
+        task.add_done_callback(done)
 
 
 def expected_widths(rule: WidthRule, finished: Sequence[Child], pending: int, budget: int) -> list[int]:
