@@ -267,16 +267,24 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     auto = {"sd": "chain", "mcsd": "k_config", "seed": "k_config"}
     tree = draft.tree if draft.tree != "auto" else auto.get(name, "chain")
     proposer = make_proposer(replace(draft, tree=tree), pipe.target, model)
+
+    def machine_costs() -> dict:  # t(n) and c, measured once and only where needed
+        nonlocal costs
+        costs = costs or measure_solve_costs(pipe, proposer)
+        return costs
+
     budget = None
     if (
         name in ("batched-sd", "seed-batched", "continuous-sd")
         and draft.tree == "auto"
         and isinstance(proposer, DraftDecoderProposer)
     ):
-        budget = tree_by_streams(draft_acceptance(draft, model.target), costs or measure_solve_costs(pipe, proposer))
+        budget = tree_by_streams(draft_acceptance(draft, model.target), machine_costs())
+    if tree == "pct" and isinstance(proposer, DraftDecoderProposer):  # as Pipeline.from_options does
+        size_pct_trees(proposer, machine_costs())
     draft_length = None
     if budget is None and draft.adaptive_k and drafts_chains(proposer):  # each engine learns its own acceptance
-        draft_length = adaptive_draft_length(draft, model, costs or measure_solve_costs(pipe, proposer), proposer)
+        draft_length = adaptive_draft_length(draft, model, machine_costs(), proposer)
     if name in ("sd", "mcsd"):
         return SerialEngine(decoder(proposer, draft_length), name), "sd"
     if name == "batched-sd":
