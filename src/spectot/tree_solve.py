@@ -35,6 +35,7 @@ class TreeSolveRun:
         speculated, used = total("speculated"), total("expansions_used")
         levels = sum(r["result"].get("level_seconds", 0.0) for r in self.records)
         critical = sum(r["result"].get("critical_path_seconds", 0.0) for r in self.records)
+        query_seconds = sum(r["seconds"] for r in self.records)
         return {
             "problems": n,
             "accuracy": sum(r["score"] for r in self.records) / n if n else 0.0,
@@ -48,8 +49,8 @@ class TreeSolveRun:
             "saving_rate": total("hits") / used if used else 0.0,
             "wasted_tokens": total("wasted_tokens"),
             "cancelled": total("cancelled"),
-            # budget use: speculative expansions in flight, on average over the run and at most in one query
-            "speculating_mean": total("speculative_seconds") / self.seconds if self.seconds else 0.0,
+            # budget use, per query: its speculative expansions in flight, on average over its run and at most
+            "speculating_mean": total("speculative_seconds") / query_seconds if query_seconds else 0.0,
             "speculating_peak": max((s.get("budget_peak", 0) for s in spec), default=0),
             # BFS: the level-synchronous time of the trees found over their critical path, the speedup
             # perfect speculation with free concurrency would reach on them (search/tree_search.py)

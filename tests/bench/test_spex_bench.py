@@ -5,6 +5,7 @@ backend over loopback) gives the in-process answers."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,9 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     assert rows["spex"]["speculating_mean"] > 0 < rows["spex"]["speculating_peak"] <= 8  # within k_total
     assert rows["plain"]["speculating_mean"] == 0 == rows["plain"]["speculating_peak"]
     # early termination is asked of the es cell only (the tiny model's thoughts reach no answer to vote on)
-    assert rows["spex"]["stopped_early"] == 0 and 0 <= rows["spex+es"]["stopped_early"] <= 2
+    assert [r["early_stop"] for r in rows.values()] == [False, False, False, True]
+    with pytest.raises(ValueError, match="drop --early-stop"):
+        run_bench_spex(model, DraftOptions(draft="ngram"), replace(tree, early_stop=True), opts)
     assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2
     assert (tmp_path / "results.png").stat().st_size > 0
     table = (tmp_path / "results.md").read_text()

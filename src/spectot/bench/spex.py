@@ -1,16 +1,16 @@
-"""`spectot bench spex`: SPEX's table (and results.png) on this machine — REBASE and rStar, with and without speculation.
+"""`spectot bench spex`: SPEX's table and plot on this machine — REBASE and rStar, with and without speculation.
 
 For each task (GSM8K, MATH-500), search (REBASE, rStar), queries in flight (1 / 4 / 8) and variant —
 ``plain`` (the async search alone), ``spex`` (+ speculative exploration), ``sd`` (+ token-level
 speculative decoding inside every expansion), ``spex+sd`` (both), and on request ``spex+es`` /
-``spex+sd+es`` (+ SPEX's early termination: a query stops once its weighted vote is settled, which may change
-its answer) — the same questions run with the same seeds on one loaded target: questions per minute, accuracy, speculation hit / saving rates and
-wasted tokens, and the speedup over ``plain`` at the same concurrency. Before the table, the local
-engine's throughput is measured at rising concurrency; k_total (SPEX's global cap on expansions in
-flight) is the most requests that still run at nearly solo speed (``--fixed-k-total`` sets it instead).
-Finally one cell runs again through ``spectot serve`` + the OpenAI backend
-over loopback, to show the remote path gives the same answers. Every cell is one record (appended as
-it finishes), so an interrupted run resumes.
+``spex+sd+es`` (+ SPEX's early termination: a query stops once its weighted vote is settled, which may
+change its answer) — the same questions run with the same seeds on one loaded target: questions per
+minute, accuracy, speculation hit / saving rates, wasted tokens, budget use, and the speedup over
+``plain`` at the same concurrency. Before the table, the local engine's throughput is measured at rising
+concurrency; k_total (SPEX's global cap on expansions in flight) is the most requests that still run at
+nearly solo speed (``--fixed-k-total`` sets it instead). Finally one cell runs again through
+``spectot serve`` + the OpenAI backend over loopback, to show the remote path gives the same answers.
+Every cell is one record (appended as it finishes), so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ from spectot.config import (
     TreeSearchOptions,
 )
 
-# variant: (exploration, decoding method, early termination)
 logger = logging.getLogger(__name__)
 
-VARIANTS = {
+VARIANTS = {  # variant: (exploration, decoding method, early termination)
     "plain": ("none", "ar", False),
     "spex": ("spex", "ar", False),
     "sd": ("none", "sd", False),
@@ -75,7 +74,9 @@ def run_bench_spex(
         raise ValueError(f"unknown variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     needs_draft = any(VARIANTS[v][1] == "sd" for v in variants)
     if needs_draft and draft.draft == "none":
-        raise ValueError("variants sd / spex+sd need a draft: pass --draft ngram (or a trained draft)")
+        raise ValueError("the sd variants need a draft: pass --draft ngram (or a trained draft)")
+    if tree.early_stop:
+        raise ValueError("bench spex asks for early termination per variant: drop --early-stop, add spex+es")
     pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
     tasks = [(name, path) for name, path in (("gsm8k", opts.gsm8k), ("math500", opts.math500)) if path]
     # a cell's record depends on the questions, model, draft and search settings, not on which cells are asked for
@@ -104,13 +105,7 @@ def run_bench_spex(
             explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each cell starts cold: the same prefill work for every variant
             backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
-            options = replace(
-                tree,
-                explore=explore,
-                k_total=k_total,
-                queries_in_flight=queries,
-                early_stop=tree.early_stop or early_stop,
-            )
+            options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=opts.problems)
             bar.update(job, description=f"{task} {search} x{queries} {variant}")
             run = run_tree_solve(
@@ -121,7 +116,8 @@ def run_bench_spex(
                 report=lambda *a: bar.advance(job),
             )
             answers = {r["id"]: r["answer"] for r in run.records}
-            value = {**run.summary(), "k_total": k_total, "data": dict(tasks)[task], "answers": answers}
+            value = {**run.summary(), "k_total": k_total, "early_stop": options.early_stop}
+            value |= {"data": dict(tasks)[task], "answers": answers}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant), value, records)
             write_results(out, records, cells, config_key)  # the table so far: an interrupted run still has one
     remote = records.get(("remote",))
@@ -265,7 +261,8 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
         "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
-        "speculated | hit rate | saving rate | wasted tok | spec in flight (mean / peak) | early stops | ceiling |",
+        "speculated | hit rate | saving rate | wasted tok | spec in flight per query (mean / peak) | early stops | "
+        "ceiling |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -303,7 +300,7 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
 
 
 def _budget_use(row: dict) -> str:
-    """SPEX's budget use: speculative expansions in flight on average over the cell and at most for one query
+    """SPEX's budget use: a query's speculative expansions in flight, on average over its run and at most
     ('-' for records written before it was counted)."""
     if "speculating_mean" not in row:
         return "-"

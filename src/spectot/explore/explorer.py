@@ -198,9 +198,10 @@ class Explorer:
                 del self._jobs[key]
 
     async def close(self) -> None:
-        """Cancel whatever is still running (the search is done) and count what it wasted."""
-        self.retain(lambda key: False)
+        """Cancel whatever is still running (the search is done), count what it wasted, and wait for the
+        cancelled tasks to end (so their budget and run time are counted before the query's record is made)."""
         pending = [job.task for job in self._jobs.values() if not job.task.done()]
+        self.retain(lambda key: False)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
