@@ -1,8 +1,8 @@
 """How often a one-token draft survives sampled verification, three ways, on the target's own sampled text.
 
 spectot verifies a deterministic draft against the target's own coupled sample (``spec/verify.py``): the
-draft token x survives with probability p(x). Today the draft proposes its argmax, so the survival is
-p(argmax q). Drawing the draft token with the *same* noise as the target's sample (an exponential race,
+draft token x survives with probability p(x). A draft that proposes its argmax (`--no-coupled`) survives
+with p(argmax q). Drawing the draft token with the *same* noise (the default since session 22) as the target's sample (an exponential race,
 x = argmax_i p_i / E_i with E_i ~ Exp(1) shared) keeps the output the target's own sample, token for token,
 and survives with P(argmax p/E == argmax q/E), which tends to 1 as q tends to p (Daliri et al., "Coupling
 without communication and drafter-invariant speculative decoding", 2024). The standard rule's 1 - TV(p, q)

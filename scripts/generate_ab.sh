@@ -8,8 +8,10 @@
 # Writes OUT/<method>_<setting>.jsonl (per-prompt stats) and OUT/results.md. Wrappers: adaptive_width.sh,
 # coupled_ab.sh.
 set -euo pipefail
-N=$1
-OUT=$2
+N=${1:?usage: SETTINGS=... METHODS=... scripts/generate_ab.sh N_PROMPTS OUT}
+OUT=${2:?usage: SETTINGS=... METHODS=... scripts/generate_ab.sh N_PROMPTS OUT}
+: "${SETTINGS:?set SETTINGS=\"name:flags;...\" (sampling settings, e.g. \"T1:--temperature 1\")}"
+: "${METHODS:?set METHODS=\"name:flags;...\" (methods, e.g. \"ar:--method ar;edd:--draft edd\")}"
 DATA=${DATA:-../shared/data/gsm8k/test.jsonl}
 mkdir -p "$OUT"
 IFS=';' read -ra settings <<< "$SETTINGS"

@@ -132,7 +132,7 @@ def test_sampled_decoding_with_coupled_guesses_equals_ar(target, drafts, policy:
     assert all(r.stats.proposed > 0 for r in out)
 
 
-def test_a_draft_equal_to_the_target_is_always_accepted_at_temperature_one(tiny_llama) -> None:
+def test_a_draft_equal_to_the_target_is_nearly_always_accepted_at_temperature_one(tiny_llama) -> None:
     """The draft is the target (a one-layer VDM copy, whole vocabulary): guessed with the target's noise, each
     drafted token is the target's own draw, so nearly every one is accepted; the draft's argmax would land
     only with the target's probability of it."""

@@ -78,7 +78,8 @@ def outside_nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torc
     """(..., V) bool: the tokens top-p drops, those whose more likely tokens already hold ``top_p`` of the mass
     (the first always stays). Read off the ``first`` most likely tokens where every row's nucleus ends among
     them (0.1 ms for 256 of 49,152 on two Zen 5 cores), else row by row from a histogram of log-probabilities
-    (``_row_outside_nucleus``, 0.3 ms); a full sort costs 3.5 ms, more than a one-row target forward."""
+    (``_row_outside_nucleus``, 0.3 ms); a full sort costs 3.5 ms, more than a one-row target forward.
+    ``probs``: host float32 / float64 (the decoder's host logits)."""
     top, order = probs.topk(min(first, probs.shape[-1]), dim=-1)  # (..., first), most likely first
     drop_top = (top.cumsum(-1) - top) >= top_p
     if top.shape[-1] == probs.shape[-1] or bool(drop_top[..., -1].all()):

@@ -53,7 +53,7 @@ def verify_tree_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> TreeVerd
 
 def verify_tree_coupled(tree: TokenTree, target_token: Callable[[int], int]) -> TreeVerdict:
     """Follow the child equal to the target's token at each node, ``target_token(node)``: its argmax
-    (greedy), or the inverse-CDF draw on the stream's own uniform for that node's depth (``sampling.sample_at``),
+    (greedy), or argmax p / E with the stream's own noise E for that node's depth (``sampling.sample_at``),
     which makes a sampled tree emit exactly what plain decoding samples (the coupled rule of
     ``verify.verify_chain_coupled``, for deterministic children)."""
     children = _children(tree)

@@ -68,8 +68,10 @@ def verify_chain_coupled(draft: torch.Tensor, target_token: Callable[[int], int]
     target's token at depth i is ``target_token(i)`` = argmax p_i / E_i, drawn with the stream's own
     noise for that position (``sampling.sample_at``) exactly as plain decoding draws it. Accept while
     the draft equals it; the first mismatch, or the bonus position, emits the target's token. The
-    output is plain decoding's, token for token, so it is distributed as the target's; x_i is accepted
-    with probability p_i(x_i), what ``verify_chain`` gives a one-hot q."""
+    output is plain decoding's, token for token, so it is distributed as the target's. A draft token
+    chosen without the noise is accepted with probability p_i(x_i), what ``verify_chain`` gives a one-hot q;
+    one chosen with it (a draft decoder's coupled guess, argmax q_i / E_i) with P(argmax q_i / E_i =
+    argmax p_i / E_i), which tends to 1 as q tends to p."""
     for i, x in enumerate(draft.tolist()):
         token = target_token(i)
         if x != token:
