@@ -478,9 +478,14 @@ class KChoices(DraftLength):
         return k
 
     def choose_tree(
-        self, sampling: SamplingParams, k_max: int, streams: int = 1, context: int | None = None
+        self,
+        sampling: SamplingParams,
+        k_max: int,
+        streams: int = 1,
+        context: int | None = None,
+        members: int | None = None,
     ) -> tuple[int, int]:
-        k, width = super().choose_tree(sampling, k_max, streams, context)
+        k, width = super().choose_tree(sampling, k_max, streams, context, members)
         self.chosen[k] += 1
         return k, width
 
@@ -493,3 +498,35 @@ def test_ar_sampling_matches_the_exact_target_joint(dist_models) -> None:
     assert chi_square_pvalue(counts, exact) > 1e-3
     for i in range(DIST_TOKENS - 1):
         assert pair_tv(counts, exact, i) < 0.05
+
+
+class GroupCalls(DraftLength):
+    """Records (streams in the forward, of them in the group) of each decision."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[bool, int, int | None]] = []
+
+    def choose_tree(self, sampling, k_max, streams=1, context=None, members=None) -> tuple[int, int]:
+        self.calls.append((sampling.greedy, streams, members))
+        return super().choose_tree(sampling, k_max, streams, context, members)
+
+
+def test_a_mixed_step_prices_each_sampling_group_by_its_own_streams(target, ar_reference) -> None:
+    """A greedy stream beside two sampled ones: each group's k is chosen for its own streams, and the
+    greedy stream still emits ar's tokens."""
+    length = GroupCalls(lambda n: 1.0, learn_cost=False)  # rows free: both groups draft
+    decoder = Decoder(ModelRunner(target), (), DraftModelProposer(ModelRunner(target)), draft_length=length)
+    prompt, greedy = CASES[0][0], DecodeConfig(max_new_tokens=12, method="sd", num_draft_tokens=3)
+    hot = DecodeConfig(max_new_tokens=12, method="sd", num_draft_tokens=3, sampling=SAMPLE)
+    with decoder.session([prompt], greedy) as session:
+        session.add([prompt, prompt], hot)
+        session.prefill(session.streams)
+        session.verify(session.streams, session.propose(session.streams))
+        assert sorted(length.calls) == [(False, 3, 2), (True, 3, 1)]
+        active = [s for s in session.streams if s.finish is None]
+        while active:
+            session.verify(active, session.propose(active))
+            active = [s for s in active if s.finish is None]
+        results = session.results()
+    assert results[0].token_ids == ar_reference(prompt)[:12]

@@ -206,6 +206,23 @@ def test_best_fan_chain_by_hand() -> None:
     assert best_fan_chain([0.9] * 3, [0.01, 0.01], 3, 3, curve, 0.1) == (3, 1)
 
 
+def test_a_group_of_the_streams_is_priced_by_its_own_rows() -> None:
+    """t(n) = 1 up to 5 rows, then + 0.25 a row; alpha_1 = 0.6, c = 0.05, four streams in the forward. All four
+    drafting one token: 4 x 1.6 / (t(8) + 0.05) = 3.56 tokens a unit against 4 / t(4) = 4: no draft. One of
+    them drafting (a greedy evaluation beside three sampled thoughts): (3 + 1.6) / (t(5) + 0.05) = 4.38: draft.
+    Before, the one was priced as if all four drafted."""
+    curve = lambda n: 1.0 + 0.25 * max(0.0, n - 5)  # noqa: E731
+    assert best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4) == (0, 1)
+    assert best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4, members=4) == (0, 1)
+    assert best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4, members=1) == (1, 1)
+    length = DraftLength(curve, 0.05, priors={1.0: 0.6}, optimism=0.0, learn_cost=False)
+    assert length.choose_tree(HOT, 1, streams=4) == (0, 1)
+    assert length.choose_tree(HOT, 1, streams=4, members=1) == (1, 1)
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="drafted streams"):
+            best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4, members=bad)
+
+
 def test_fan_chain_outcome_reads_ranks_chain_and_grafts() -> None:
     fan = [-1, -1, -1, 0, 3]  # fan_chain_tree(3, 3) as a draft's parents (the root is -1)
     assert fan_chain_outcome(fan, 5, 3, [0, 1, 4]) == (3, 2, 1)  # rank 1 and the chain's next token

@@ -349,15 +349,17 @@ class DecodeSession:
         adapt = self.decoder.draft_length if policy is None and drafts_chains(self.proposer) else None
         look_first = adapt is not None and getattr(self.proposer, "reports_match", False)
         context = self._context(streams) if adapt is not None and not look_first else 0
+        drafted = 0
         for sampling, members in groups.items():
             k, tree, width = None, policy, 0
             if adapt is not None and not look_first:
                 room = max(_draft_room(streams[i]) for i in members)
-                k, width = adapt.choose_tree(sampling, room, len(streams), context)
+                k, width = adapt.choose_tree(sampling, room, len(streams), context, len(members))
                 if k == 0:
                     continue
                 if width > 1:
                     tree = _fan_chain_policy(width, k)
+            drafted += len(members)
             requests = [self._draft_request(streams[i], tree, k) for i in members]
             for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
                 if look_first and d.tokens.numel():
@@ -367,7 +369,7 @@ class DecodeSession:
         self.batch.draft_forwards += forwards
         self.batch.time_draft += seconds
         if self.decoder.draft_length is not None:
-            self.decoder.draft_length.observe_draft(seconds, forwards, len(streams))
+            self.decoder.draft_length.observe_draft(seconds, forwards, drafted)
         return drafts
 
     def _draft_request(self, s: _Stream, policy: TreePolicy | None, k: int | None = None) -> DraftRequest:

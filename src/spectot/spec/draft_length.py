@@ -33,7 +33,13 @@ w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree`
     G(k, w) = G(k) + sum_{r=2..w} P_r                    P_r: chance the target's token is the draft's rank r
     T(k, w) = t(B (k + w)) + k c                          the w candidates come from the same draft forward
 
-and (k*, w*) = argmax G(k, w) / T(k, w). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
+and (k*, w*) = argmax G(k, w) / T(k, w). Where only m of the B streams draft this way (a step mixing
+greedy evaluations with temperature-1 thoughts: each sampling setting is decided on its own), the others
+keep one row and one token each:
+
+    (k*, w*) = argmax (B - m + m G(k, w)) / (t(B + m (k + w - 1)) + k c(m))   against B / t(B)
+
+so a group is neither charged for rows its neighbours do not draft nor credited with their tokens. P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
 as alpha is, each verified fan counting one trial per runner-up, its prior the draft's shipped vector; it
 enters at its mean (upper bounds on w - 1 runners-up would add up and favour wide fans). Where the draft's
 first guess lands a quarter of the time (temperature-1 thoughts) its runners-up add tokens: one stream of
@@ -120,15 +126,20 @@ def best_fan_chain(
     w_max: int,
     t_curve: Callable[[float], float],
     draft_cost: float,
-    streams: int = 1,
+    streams: int = 1,  # B: streams in the forward
+    members: int | None = None,  # m <= B of them drafted this way (None: all); the rest decode one token each
 ) -> tuple[int, int]:
-    """(k*, w*) = argmax G(k, w) / (t(B (k + w)) + k c) over 1 <= k <= k_max, 1 <= w <= w_max, against plain
-    decoding's 1 / t(B) ((0, 1): no draft); ties go to the shorter chain, then the narrower fan."""
-    best_shape, best = (0, 1), 1.0 / t_curve(streams)
+    """(k*, w*) = argmax (B - m + m G(k, w)) / (t(B + m (k + w - 1)) + k c) over 1 <= k <= k_max,
+    1 <= w <= w_max, against plain decoding's B / t(B) ((0, 1): no draft); ties go to the shorter chain, then
+    the narrower fan. With m = B: G(k, w) / (t(B (k + w)) + k c)."""
+    m = streams if members is None else members
+    if not 1 <= m <= streams:
+        raise ValueError(f"the drafted streams must be between 1 and the {streams} in the forward, got {m}")
+    best_shape, best = (0, 1), streams / t_curve(streams)
     for k in range(1, min(k_max, len(alpha)) + 1):
         for w in range(1, min(w_max, len(runners_up) + 1) + 1):
-            tokens = chain_tokens(alpha, k) + sum(runners_up[: w - 1])
-            speed = tokens / (t_curve(streams * (k + w)) + k * draft_cost)
+            tokens = streams - m + m * (chain_tokens(alpha, k) + sum(runners_up[: w - 1]))
+            speed = tokens / (t_curve(streams + m * (k + w - 1)) + k * draft_cost)
             if speed > best * (1.0 + 1e-9):
                 best_shape, best = (k, w), speed
     return best_shape
@@ -258,10 +269,11 @@ class DraftLength:
         return self._draft_seconds[nearest]
 
     def observe_draft(self, seconds: float, forwards: int, streams: int = 1) -> None:
-        """One proposer call of ``forwards`` draft forwards for ``streams`` streams took ``seconds`` (host work
-        included)."""
+        """One proposer call of ``forwards`` draft forwards for ``streams`` drafted streams took ``seconds``
+        (host work included)."""
         if forwards <= 0:
             return
+        streams = max(1, streams)
         with self._lock:
             per = seconds / forwards
             known = self._draft_seconds.get(streams)
@@ -290,11 +302,17 @@ class DraftLength:
             return best_chain_length(alpha, k_max, self.t_curve, self.cost_for(streams), streams)
 
     def choose_tree(
-        self, sampling: SamplingParams, k_max: int, streams: int = 1, context: int | None = None
+        self,
+        sampling: SamplingParams,
+        k_max: int,
+        streams: int = 1,
+        context: int | None = None,
+        members: int | None = None,
     ) -> tuple[int, int]:
-        """(k*, w*) for the next step of ``streams`` streams sampling with ``sampling``, ``context`` tokens
-        between them: a chain of k* tokens whose first has w* - 1 runners-up beside it
-        (``shapes.fan_chain_tree``); k* = 0: no draft."""
+        """(k*, w*) for the next step of the ``members`` (None: all) of ``streams`` streams that sample with
+        ``sampling``, ``context`` tokens between all of them: a chain of k* tokens whose first has w* - 1
+        runners-up beside it (``shapes.fan_chain_tree``); k* = 0: no draft. The other streams of the forward
+        are priced at one row each (a mixed step: greedy evaluations beside temperature-1 thoughts)."""
         with self._lock:
             estimate = self._estimate(sampling, None)
             estimate.step()
@@ -305,13 +323,14 @@ class DraftLength:
                 ranks.step()
                 runners_up = ranks.alpha(self.max_width - 1)  # means: w - 1 upper bounds would add up
             streams = max(1, streams)
-            t, c = self.t_curve, self.cost_for(streams)
+            members = streams if members is None else members
+            t, c = self.t_curve, self.cost_for(members)
             model = self.forward_time
             if model is not None and self.learn_cost and context is not None:  # in seconds
                 t = lambda n: model.seconds(n, context, n / streams * context)  # noqa: E731
-                d = self.draft_seconds(streams)
+                d = self.draft_seconds(members)
                 c = d if d is not None else self.draft_cost * model.seconds(1, model.context, model.context)
-            return best_fan_chain(alpha, runners_up, k_max, self.max_width, t, c, streams)
+            return best_fan_chain(alpha, runners_up, k_max, self.max_width, t, c, streams, members)
 
     def observe(
         self,
