@@ -472,20 +472,13 @@ class KChoices(DraftLength):
         super().__init__(*args, **kwargs)
         self.chosen: Counter = Counter()
 
-    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
-        k = super().choose(sampling, k_max, streams, match)
+    def choose(self, sampling, k_max, streams=1, match=None, members=None) -> int:
+        k = super().choose(sampling, k_max, streams, match, members)
         self.chosen[k] += 1
         return k
 
-    def choose_tree(
-        self,
-        sampling: SamplingParams,
-        k_max: int,
-        streams: int = 1,
-        context: int | None = None,
-        members: int | None = None,
-    ) -> tuple[int, int]:
-        k, width = super().choose_tree(sampling, k_max, streams, context, members)
+    def choose_tree(self, sampling, k_max, streams=1, context=None, members=None, extra_rows=0) -> tuple[int, int]:
+        k, width = super().choose_tree(sampling, k_max, streams, context, members, extra_rows)
         self.chosen[k] += 1
         return k, width
 
@@ -501,15 +494,16 @@ def test_ar_sampling_matches_the_exact_target_joint(dist_models) -> None:
 
 
 class GroupCalls(DraftLength):
-    """Records (streams in the forward, of them in the group) of each decision."""
+    """Records (greedy group?, streams in the forward, of them in the group, rows earlier groups drafted) of
+    each decision."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.calls: list[tuple[bool, int, int | None]] = []
+        self.calls: list[tuple[bool, int, int | None, int]] = []
 
-    def choose_tree(self, sampling, k_max, streams=1, context=None, members=None) -> tuple[int, int]:
-        self.calls.append((sampling.greedy, streams, members))
-        return super().choose_tree(sampling, k_max, streams, context, members)
+    def choose_tree(self, sampling, k_max, streams=1, context=None, members=None, extra_rows=0) -> tuple[int, int]:
+        self.calls.append((sampling.greedy, streams, members, extra_rows))
+        return super().choose_tree(sampling, k_max, streams, context, members, extra_rows)
 
 
 def test_a_mixed_step_prices_each_sampling_group_by_its_own_streams(target, ar_reference) -> None:
@@ -523,7 +517,9 @@ def test_a_mixed_step_prices_each_sampling_group_by_its_own_streams(target, ar_r
         session.add([prompt, prompt], hot)
         session.prefill(session.streams)
         session.verify(session.streams, session.propose(session.streams))
-        assert sorted(length.calls) == [(False, 3, 2), (True, 3, 1)]
+        # the first group decided over one row a stream; the second also over the rows the first drafted
+        assert [c[:3] for c in length.calls] == [(True, 3, 1), (False, 3, 2)] and length.calls[0][3] == 0
+        assert length.calls[1][3] == session.streams[0].stats.proposed > 0
         active = [s for s in session.streams if s.finish is None]
         while active:
             session.verify(active, session.propose(active))

@@ -146,6 +146,26 @@ def test_a_draft_equal_to_the_target_is_nearly_always_accepted_at_temperature_on
     assert proposed > 0 and accepted >= 0.95 * proposed
 
 
+class SortedCheck(PCTPolicy):
+    """PCT that checks the drafter's contract: child_probs sorted largest first in every row."""
+
+    def expand(self, depth, path_conf, child_probs):
+        assert bool((child_probs[:, :-1] >= child_probs[:, 1:]).all()), child_probs
+        self.rows_seen.append(child_probs.shape[0])
+        return super().expand(depth, path_conf, child_probs)
+
+
+def test_coupled_guesses_keep_the_tree_policies_sorted_children(target, drafts) -> None:
+    """The guess argmax q / E_j comes first even where its own q is small; a dynamic policy (PCT, CAPE,
+    EAGLE-2) still reads each row's child probabilities largest first, so it never prunes the guess for its q."""
+    policy = SortedCheck(threshold=0.05)
+    object.__setattr__(policy, "rows_seen", [])
+    sampling = SamplingParams(do_sample=True, temperature=1.0)
+    ar = [r.token_ids for r in decode(target, PROMPTS, max_new_tokens=MAX_NEW, sampling=sampling, seed=4)]
+    out = decode(target, PROMPTS, proposer(drafts["edd"], policy), max_new_tokens=MAX_NEW, sampling=sampling, seed=4)
+    assert [r.token_ids for r in out] == ar and sum(policy.rows_seen) > 0
+
+
 def test_coupled_first_puts_the_guess_first_and_keeps_the_other_top_tokens() -> None:
     from spectot.spec.proposers.draft_decoder import _coupled_first
 

@@ -145,6 +145,8 @@ def test_draft_cost_is_learnt_per_stream_count() -> None:
     length = DraftLength(flat, draft_cost=0.0, priors={1.0: 0.5}, optimism=0.0, smoothing=1.0)
     length.observe_verify(0.010, 4)  # u = 10 ms
     length.observe_draft(0.001, 1, streams=1)  # d(1) = 1 ms
+    length.observe_draft(0.010, 1, streams=3)  # a count's first: capped at 4 d(1), its nearest -> d(3) = 4 ms
+    assert length.draft_seconds(3) == pytest.approx(0.004)
     length.observe_draft(0.010, 1, streams=3)  # d(3) = 10 ms: a whole target step
     assert length.cost_for(1) == pytest.approx(0.1) and length.cost_for(3) == pytest.approx(1.0)
     assert length.cost_for(2) == pytest.approx(1.0) and length.cost_for(8) == pytest.approx(1.0)  # nearest
@@ -218,9 +220,12 @@ def test_a_group_of_the_streams_is_priced_by_its_own_rows() -> None:
     length = DraftLength(curve, 0.05, priors={1.0: 0.6}, optimism=0.0, learn_cost=False)
     assert length.choose_tree(HOT, 1, streams=4) == (0, 1)
     assert length.choose_tree(HOT, 1, streams=4, members=1) == (1, 1)
-    for bad in (0, 5):
+    # another group's draft took the fifth row: the one's row now costs 0.25, (3 + 1.6) / 1.3 = 3.54 < 4 / 1
+    assert best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4, members=1, extra_rows=1) == (0, 1)
+    assert length.choose(HOT, 1, streams=4) == 0 and length.choose(HOT, 1, streams=4, members=1) == 1
+    for bad in (dict(members=0), dict(members=5), dict(members=1, extra_rows=-1)):
         with pytest.raises(ValueError, match="drafted streams"):
-            best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4, members=bad)
+            best_fan_chain([0.6], [], 1, 1, curve, 0.05, streams=4, **bad)
 
 
 def test_fan_chain_outcome_reads_ranks_chain_and_grafts() -> None:

@@ -228,6 +228,7 @@ class DecodeSession:
                     self._free_prompt(tuple(s.prompt), keep)
         if self.proposer is not None:
             self.proposer.release(s.key)
+        s.noise.clear()
 
     def _free_prompt(self, prompt: tuple[int, ...], keep: bool) -> None:
         entry = self._prompts.pop(prompt)
@@ -344,32 +345,31 @@ class DecodeSession:
                 groups.setdefault(s.config.sampling, []).append(i)
         if not groups:
             return drafts
-        t = time.perf_counter()
-        before = self.proposer.forwards
         adapt = self.decoder.draft_length if policy is None and drafts_chains(self.proposer) else None
         look_first = adapt is not None and getattr(self.proposer, "reports_match", False)
         context = self._context(streams) if adapt is not None and not look_first else 0
-        drafted = 0
+        extra_rows = 0  # rows the groups drafted so far add to the forward
         for sampling, members in groups.items():
+            t, before = time.perf_counter(), self.proposer.forwards
             k, tree, width = None, policy, 0
             if adapt is not None and not look_first:
                 room = max(_draft_room(streams[i]) for i in members)
-                k, width = adapt.choose_tree(sampling, room, len(streams), context, len(members))
+                k, width = adapt.choose_tree(sampling, room, len(streams), context, len(members), extra_rows)
                 if k == 0:
                     continue
                 if width > 1:
                     tree = _fan_chain_policy(width, k)
-            drafted += len(members)
             requests = [self._draft_request(streams[i], tree, k) for i in members]
             for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
                 if look_first and d.tokens.numel():
-                    d = d.cut(adapt.choose(sampling, d.tokens.numel(), len(streams), d.match))
+                    d = d.cut(adapt.choose(sampling, d.tokens.numel(), len(streams), d.match, len(members)))
                 drafts[i], streams[i].fan = d, width
-        seconds, forwards = time.perf_counter() - t, self.proposer.forwards - before
-        self.batch.draft_forwards += forwards
-        self.batch.time_draft += seconds
-        if self.decoder.draft_length is not None:
-            self.decoder.draft_length.observe_draft(seconds, forwards, drafted)
+                extra_rows += d.tokens.numel()
+            seconds, forwards = time.perf_counter() - t, self.proposer.forwards - before
+            self.batch.draft_forwards += forwards
+            self.batch.time_draft += seconds
+            if self.decoder.draft_length is not None:  # d(m): this group's own draft forwards
+                self.decoder.draft_length.observe_draft(seconds, forwards, len(members))
         return drafts
 
     def _draft_request(self, s: _Stream, policy: TreePolicy | None, k: int | None = None) -> DraftRequest:

@@ -37,9 +37,11 @@ and (k*, w*) = argmax G(k, w) / T(k, w). Where only m of the B streams draft thi
 greedy evaluations with temperature-1 thoughts: each sampling setting is decided on its own), the others
 keep one row and one token each:
 
-    (k*, w*) = argmax (B - m + m G(k, w)) / (t(B + m (k + w - 1)) + k c(m))   against B / t(B)
+    (k*, w*) = argmax (B - m + m G(k, w)) / (t(B + e + m (k + w - 1)) + k c(m))   against B / t(B + e)
 
-so a group is neither charged for rows its neighbours do not draft nor credited with their tokens. P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
+(e: the rows of the groups decided before it in this step), so a group is neither charged for rows its
+neighbours do not draft nor credited with their tokens; the groups are decided one after another, each
+over the rows already taken (a greedy rule, not a joint optimum). P_r (the rank-r terms of Sequoia's acceptance vector) is estimated
 as alpha is, each verified fan counting one trial per runner-up, its prior the draft's shipped vector; it
 enters at its mean (upper bounds on w - 1 runners-up would add up and favour wide fans). Where the draft's
 first guess lands a quarter of the time (temperature-1 thoughts) its runners-up add tokens: one stream of
@@ -62,8 +64,9 @@ over a target forward at n = 1), then what the engine measures as it runs:
 
 both exponential moving averages (weight ``smoothing``). The running figure sees what the profile cannot:
 a draft's weights evicted from cache by each target forward, the proposer's host work (tree building,
-prompt lookup), a thread's own runtime. Each observation is capped at 4x the running d, so a stream's
-one-off prompt catch-up through the draft does not read as its step cost.
+prompt lookup), a thread's own runtime. Each observation is capped at 4x the running d (of its stream
+count, or the nearest count's for a count's first), so a stream's one-off prompt catch-up through the draft
+does not read as its step cost.
 
 The offline t(n) is one stream's chain after 256 tokens. A search's forwards spread their rows over several
 streams of 400-700 tokens, each with its own keys and values to read, where a row costs more than the
@@ -113,10 +116,16 @@ def chain_tokens(alpha: Sequence[float], k: int) -> float:
 
 
 def best_chain_length(
-    alpha: Sequence[float], k_max: int, t_curve: Callable[[float], float], draft_cost: float, streams: int = 1
+    alpha: Sequence[float],
+    k_max: int,
+    t_curve: Callable[[float], float],
+    draft_cost: float,
+    streams: int = 1,
+    members: int | None = None,
 ) -> int:
-    """k* = argmax_{0 <= k <= k_max} G(k) / (t(B (k + 1)) + k c); ties go to the shorter chain."""
-    return best_fan_chain(alpha, (), k_max, 1, t_curve, draft_cost, streams)[0]
+    """k* = argmax_{0 <= k <= k_max} G(k) / (t(B (k + 1)) + k c); ties go to the shorter chain (``members``:
+    as in ``best_fan_chain``)."""
+    return best_fan_chain(alpha, (), k_max, 1, t_curve, draft_cost, streams, members)[0]
 
 
 def best_fan_chain(
@@ -128,18 +137,24 @@ def best_fan_chain(
     draft_cost: float,
     streams: int = 1,  # B: streams in the forward
     members: int | None = None,  # m <= B of them drafted this way (None: all); the rest decode one token each
+    extra_rows: int = 0,  # e: rows other groups' drafts already add to the forward
 ) -> tuple[int, int]:
-    """(k*, w*) = argmax (B - m + m G(k, w)) / (t(B + m (k + w - 1)) + k c) over 1 <= k <= k_max,
-    1 <= w <= w_max, against plain decoding's B / t(B) ((0, 1): no draft); ties go to the shorter chain, then
-    the narrower fan. With m = B: G(k, w) / (t(B (k + w)) + k c)."""
+    """(k*, w*) = argmax (B - m + m G(k, w)) / (t(B + e + m (k + w - 1)) + k c) over 1 <= k <= k_max,
+    1 <= w <= w_max, against plain decoding's B / t(B + e) ((0, 1): no draft); ties go to the shorter chain,
+    then the narrower fan. With m = B, e = 0: G(k, w) / (t(B (k + w)) + k c). The other streams count one
+    token each (their own drafts' tokens are theirs to weigh)."""
     m = streams if members is None else members
-    if not 1 <= m <= streams:
-        raise ValueError(f"the drafted streams must be between 1 and the {streams} in the forward, got {m}")
-    best_shape, best = (0, 1), streams / t_curve(streams)
+    if not 1 <= m <= streams or extra_rows < 0:
+        raise ValueError(
+            f"the drafted streams must be between 1 and the {streams} in the forward and the extra rows >= 0, "
+            f"got {m} and {extra_rows}"
+        )
+    base = streams + extra_rows
+    best_shape, best = (0, 1), streams / t_curve(base)
     for k in range(1, min(k_max, len(alpha)) + 1):
         for w in range(1, min(w_max, len(runners_up) + 1) + 1):
             tokens = streams - m + m * (chain_tokens(alpha, k) + sum(runners_up[: w - 1]))
-            speed = tokens / (t_curve(streams + m * (k + w - 1)) + k * draft_cost)
+            speed = tokens / (t_curve(base + m * (k + w - 1)) + k * draft_cost)
             if speed > best * (1.0 + 1e-9):
                 best_shape, best = (k, w), speed
     return best_shape
@@ -277,8 +292,9 @@ class DraftLength:
         with self._lock:
             per = seconds / forwards
             known = self._draft_seconds.get(streams)
-            if known is not None:  # capped: a one-off prompt catch-up is not a step's cost
-                per = min(per, 4.0 * known)
+            reference = known if known is not None else self.draft_seconds(streams)  # else the nearest count's
+            if reference is not None:  # capped: a one-off prompt catch-up is not a step's cost (a count seen
+                per = min(per, 4.0 * reference)  # first with one would price drafting off there for good)
             self._draft_seconds[streams] = _moving_average(known, per, self.smoothing)
 
     def observe_verify(self, seconds: float, rows: int, context: int | None = None, work: int | None = None) -> None:
@@ -291,15 +307,23 @@ class DraftLength:
             if self.forward_time is not None and self.learn_cost and context is not None and work is not None:
                 self.forward_time.observe(seconds, rows, context, work)
 
-    def choose(self, sampling: SamplingParams, k_max: int, streams: int = 1, match: int | None = None) -> int:
-        """k* for the next step of ``streams`` streams sampling with ``sampling`` (one step of that setting),
-        or for one free draft of evidence class ``match``."""
+    def choose(
+        self,
+        sampling: SamplingParams,
+        k_max: int,
+        streams: int = 1,
+        match: int | None = None,
+        members: int | None = None,
+    ) -> int:
+        """k* for the next step of the ``members`` (None: all) of ``streams`` streams sampling with
+        ``sampling`` (one step of that setting), or for one free draft of evidence class ``match``."""
         with self._lock:
             estimate = self._estimate(sampling, match)
             estimate.step()
             alpha = estimate.optimistic(k_max, self.optimism)
             streams = max(1, streams)
-            return best_chain_length(alpha, k_max, self.t_curve, self.cost_for(streams), streams)
+            members = streams if members is None else members
+            return best_chain_length(alpha, k_max, self.t_curve, self.cost_for(members), streams, members)
 
     def choose_tree(
         self,
@@ -308,11 +332,13 @@ class DraftLength:
         streams: int = 1,
         context: int | None = None,
         members: int | None = None,
+        extra_rows: int = 0,
     ) -> tuple[int, int]:
         """(k*, w*) for the next step of the ``members`` (None: all) of ``streams`` streams that sample with
         ``sampling``, ``context`` tokens between all of them: a chain of k* tokens whose first has w* - 1
         runners-up beside it (``shapes.fan_chain_tree``); k* = 0: no draft. The other streams of the forward
-        are priced at one row each (a mixed step: greedy evaluations beside temperature-1 thoughts)."""
+        take one row each, plus the ``extra_rows`` of the groups that drafted before this one in the step (a
+        mixed step: greedy evaluations beside temperature-1 thoughts)."""
         with self._lock:
             estimate = self._estimate(sampling, None)
             estimate.step()
@@ -330,7 +356,7 @@ class DraftLength:
                 t = lambda n: model.seconds(n, context, n / streams * context)  # noqa: E731
                 d = self.draft_seconds(members)
                 c = d if d is not None else self.draft_cost * model.seconds(1, model.context, model.context)
-            return best_fan_chain(alpha, runners_up, k_max, self.max_width, t, c, streams, members)
+            return best_fan_chain(alpha, runners_up, k_max, self.max_width, t, c, streams, members, extra_rows)
 
     def observe(
         self,

@@ -144,7 +144,9 @@ def sample_at(probs: torch.Tensor, seed: int, position: int, noise: torch.Tensor
 
 class CoupledNoise:
     """One stream's E_j by position, each drawn once: a draft guesses token j with the very noise the target
-    then samples it with (``coupled_pick``), and verification reuses it. ``forget_before`` drops what is done."""
+    then samples it with (``coupled_pick``), and verification reuses it. ``forget_before`` drops what is done.
+    A draw's first n values are the draw of n (one PCG64 stream, consumed value by value), so a draft over a
+    smaller vocabulary than the target's reads a prefix of the same noise; the largest size asked is kept."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -152,10 +154,14 @@ class CoupledNoise:
 
     def __call__(self, position: int, size: int) -> torch.Tensor:
         noise = self._held.get(position)
-        if noise is None or noise.numel() != size:
+        if noise is None or noise.numel() < size:
             noise = self._held[position] = position_noise(self.seed, position, size)
-        return noise
+        return noise[:size]
 
     def forget_before(self, position: int) -> None:
         for p in [p for p in self._held if p < position]:
             del self._held[p]
+
+    def clear(self) -> None:
+        """The stream is done: drop every held position (V float64 values each)."""
+        self._held.clear()

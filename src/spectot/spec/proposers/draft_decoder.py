@@ -209,9 +209,10 @@ class DraftDecoderProposer:
         k = min(policy.max_children, q_sub.shape[1])
         if mode == "top":
             probs, picks = q_sub.topk(k, dim=-1)  # (rows, K)
-            if noise is not None:
+            if noise is not None:  # the guess first; the ranks keep the sorted values (largest first, as tree
+                # policies read them): the guess is the child the target's draw most likely is, and its own q
+                # understates that (a draft equal to the target is always right with the shared noise)
                 picks = _coupled_first(q_sub, picks, noise)
-                probs = q_sub.gather(1, picks)
         else:
             picks = _draw(q_sub, k, mode == "without_replacement", generator)  # (rows, K)
             probs = q_sub.gather(1, picks)
