@@ -633,6 +633,13 @@ class BenchSpexOptions:
         **opt("comma-separated: plain, spex, sd, spex+sd, spex+es, spex+sd+es (es: early termination)"),
     )
     remote: bool = field(default=True, **opt("also run once through `spectot serve` + the OpenAI backend"))
+    chunk: int = field(
+        default=10,
+        **opt(
+            "questions a variant runs before the next variant runs the same ones (at least 2 x queries in "
+            "flight): the variants take turns, so the machine's drift hits each alike; 0 = whole cells"
+        ),
+    )
     fixed_k_total: int = field(
         default=0, **opt("SPEX's k_total for every cell instead of the one measured from the engine's throughput (0)")
     )
@@ -641,6 +648,10 @@ class BenchSpexOptions:
     def __post_init__(self) -> None:
         if self.fixed_k_total < 0:
             raise ValueError(f"--fixed-k-total must be >= 0 (0: measure it), got {self.fixed_k_total}")
+        if self.chunk < 0 or self.problems < 1:
+            raise ValueError(
+                f"need --chunk >= 0 (0: whole cells) and --problems >= 1, got {self.chunk}, {self.problems}"
+            )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spectot.bench.spex import run_bench_spex
+from spectot.bench.spex import chunk_starts, run_bench_spex, write_results
 from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, TreeSearchOptions
 
 GSM8K = Path(__file__).parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -22,9 +22,10 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     opts = BenchSpexOptions(
         gsm8k=str(GSM8K),
         math500="",
-        problems=2,
+        problems=3,
         searches="rebase",
-        in_flight="2",
+        in_flight="1",
+        chunk=2,  # chunks of questions 1-2 and 3: the variants take turns on each
         variants="plain,spex,sd,spex+es",
         fixed_k_total=8,  # a tiny model's measured curve is timing noise (k_total 2-4 here): speculate for sure
         out=str(tmp_path),
@@ -33,7 +34,7 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     result = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)
     rows = {r["variant"]: r for r in result["rows"]}
     assert list(rows) == ["plain", "spex", "sd", "spex+es"]
-    assert all(r["problems"] == 2 for r in result["rows"])
+    assert all(r["problems"] == 3 for r in result["rows"])
     assert rows["spex"]["speculated"] > 0
     assert rows["spex"]["speculating_mean"] > 0 < rows["spex"]["speculating_peak"] <= 8  # within k_total
     assert rows["plain"]["speculating_mean"] == 0 == rows["plain"]["speculating_peak"]
@@ -41,12 +42,41 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     assert [r["early_stop"] for r in rows.values()] == [False, False, False, True]
     with pytest.raises(ValueError, match="drop --early-stop"):
         run_bench_spex(model, DraftOptions(draft="ngram"), replace(tree, early_stop=True), opts)
-    assert result["remote"]["same_answers"] == result["remote"]["questions"] == 2
+    assert result["remote"]["same_answers"] == result["remote"]["questions"] == 3
     assert (tmp_path / "results.png").stat().st_size > 0
     table = (tmp_path / "results.md").read_text()
-    assert "| gsm8k | rebase | 2 | spex |" in table
+    assert "| gsm8k | rebase | 1 | spex |" in table
     assert "k_total = 8 (fixed" in table and result["concurrency"] is None  # no throughput sweep when fixed
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    keys = [key[3:] for key in (json.loads(line)["key"] for line in lines) if len(key) == 5]
+    assert keys == [[v, first] for first in (0, 2) for v in ("plain", "spex", "sd", "spex+es")]
     again = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)  # everything from the records
     assert (tmp_path / "records.jsonl").read_text().splitlines() == lines
     assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
+
+
+def test_chunks_take_turns_and_a_running_cell_compares_on_the_chunks_it_has(tmp_path) -> None:
+    assert list(chunk_starts(40, 10, 1)) == [0, 10, 20, 30]
+    assert list(chunk_starts(40, 10, 8)) == [0, 16, 32]  # at least two rounds of the queries in flight
+    assert list(chunk_starts(40, 0, 4)) == [0]  # whole cells
+
+    def chunk(first: int, seconds: float, right: int) -> dict:
+        queries = [
+            {"id": f"q{first + i}", "answer": "1", "score": float(i < right), "seconds": seconds / 2, "tokens": 10}
+            | {"expansions": 3, "stopped_early": False, "spec": {}, "result": {}}
+            for i in range(2)
+        ]
+        return {"seconds": seconds, "engine": {"steps": 5, "max_live": 2}, "queries": queries}
+
+    records = {}
+    for variant, first, seconds, right in [("plain", 0, 8.0, 1), ("plain", 2, 6.0, 0), ("spex", 0, 4.0, 2)]:
+        records[("gsm8k", "rebase", 1, variant, first)] = chunk(first, seconds, right) | {
+            "k_total": 4,
+            "early_stop": False,
+        }
+    opts = BenchSpexOptions(problems=4, chunk=2, out=str(tmp_path))
+    rows = {r["variant"]: r for r in write_results(tmp_path, records, [], {}, opts)["rows"]}
+    assert rows["plain"]["problems"] == 4 and rows["plain"]["seconds"] == 14.0
+    assert rows["spex"]["problems"] == 2  # one chunk so far
+    assert rows["spex"]["speedup_vs_plain"] == 2.0  # 8 s against 4 s on questions 1-2, not 14 s on 1-4
+    assert rows["spex"]["accuracy_delta_vs_plain"] == 0.5  # 2/2 against 1/2 there

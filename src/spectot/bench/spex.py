@@ -10,7 +10,9 @@ minute, accuracy, speculation hit / saving rates, wasted tokens, budget use, and
 concurrency; k_total (SPEX's global cap on expansions in flight) is the most requests that still run at
 nearly solo speed (``--fixed-k-total`` sets it instead). Finally one cell runs again through
 ``spectot serve`` + the OpenAI backend over loopback, to show the remote path gives the same answers.
-Every cell is one record (appended as it finishes), so an interrupted run resumes.
+A cell runs in chunks of ``--chunk`` questions, the variants of its (task, search, queries in flight)
+taking turns on each chunk, so the machine's speed drifting over a group's minutes hits every variant
+alike; every chunk is one record (appended as it finishes), so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records, machine_info
+from spectot.tree_solve import TreeSolveRun
 from spectot.explore.budget import k_total_from_curve
 from spectot.config import (
     BenchSpexOptions,
@@ -95,19 +98,29 @@ def run_bench_spex(
         k_total = _k_total(curve)
 
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
-    stale = [c for c in cells if c in records and records[c].get("data") != dict(tasks)[c[0]]]
-    for cell in stale:
-        del records[cell]
-    todo = [c for c in cells if c not in records]
+    # a cell runs chunk by chunk, the variants of its group taking turns on each chunk of questions, so the
+    # machine's drift over the minutes a group takes hits every variant alike
+    todo = [
+        (task, search, queries, variant, first)
+        for task, _ in tasks
+        for search in searches
+        for queries in in_flight
+        for first in chunk_starts(opts.problems, opts.chunk, queries)
+        for variant in variants
+    ]
+    for key in [c for c in todo if c in records and records[c]["data"] != dict(tasks)[c[0]]]:
+        del records[key]  # run on another data file: run again
+    todo = [c for c in todo if c not in records]
     with progress_bar() as bar:
-        job = bar.add_task("bench spex", total=len(todo) * opts.problems)
-        for task, search, queries, variant in todo:
+        job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c) for c in todo))
+        for task, search, queries, variant, first in todo:
             explore, method, early_stop = VARIANTS[variant]
-            pipe.decoder.prefix_cache.clear()  # each cell starts cold: the same prefill work for every variant
+            pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
             backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
-            solve = SolveOptions(task=task, data=dict(tasks)[task], limit=opts.problems)
-            bar.update(job, description=f"{task} {search} x{queries} {variant}")
+            size = _chunk_size(opts, (task, search, queries, variant, first))
+            solve = SolveOptions(task=task, data=dict(tasks)[task], limit=size, offset=first)
+            bar.update(job, description=f"{task} {search} x{queries} {variant} q{first + 1}-{first + size}")
             run = run_tree_solve(
                 SearchOptions(search=search, **asdict(sampling)),
                 options,
@@ -115,35 +128,74 @@ def run_bench_spex(
                 backend,
                 report=lambda *a: bar.advance(job),
             )
-            answers = {r["id"]: r["answer"] for r in run.records}
-            value = {**run.summary(), "k_total": k_total, "early_stop": options.early_stop}
-            value |= {"data": dict(tasks)[task], "answers": answers}
-            append_record(out / "records.jsonl", config_key, (task, search, queries, variant), value, records)
-            write_results(out, records, cells, config_key)  # the table so far: an interrupted run still has one
+            value = {"seconds": run.seconds, "engine": run.engine, "queries": [_lean(r) for r in run.records]}
+            value |= {"k_total": k_total, "early_stop": options.early_stop, "data": dict(tasks)[task]}
+            append_record(out / "records.jsonl", config_key, (task, search, queries, variant, first), value, records)
+            write_results(out, records, cells, config_key, opts)  # the table so far: an interrupted run has one
     remote = records.get(("remote",))
     if opts.remote and remote is None and tasks:
         first = SearchOptions(search=searches[0], **asdict(sampling))
         remote = check_remote(pipe, model, tree, tasks[0], first, min(opts.problems, 4), k_total)
         append_record(out / "records.jsonl", config_key, ("remote",), remote, records)
 
-    return write_results(out, records, cells, config_key)
+    return write_results(out, records, cells, config_key, opts)
 
 
-def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict) -> dict:
-    """results.json / results.md from the records of the finished cells (missing ones are left out): the
-    cells asked for and those of earlier runs of the same configuration, by task, search, in flight, variant."""
+def chunk_starts(problems: int, chunk: int, queries: int) -> range:
+    """First question of each chunk: ``chunk`` questions (at least two rounds of ``queries`` in flight, so a
+    chunk's tail, where fewer run, stays short), or the whole cell for ``chunk`` = 0."""
+    size = max(chunk, 2 * queries) if chunk else problems
+    return range(0, problems, size)
+
+
+def _chunk_size(opts: BenchSpexOptions, key: tuple) -> int:
+    queries, first = key[2], key[4]
+    starts = chunk_starts(opts.problems, opts.chunk, queries)
+    return min(starts.step, opts.problems - first)
+
+
+def _lean(record: dict) -> dict:
+    """What a cell's summary needs of a query's record (its search tree stays out of the records file)."""
+    kept = ("id", "answer", "score", "seconds", "tokens", "expansions", "stopped_early", "spec")
+    result = {k: record["result"][k] for k in ("level_seconds", "critical_path_seconds") if k in record["result"]}
+    return {**{k: record[k] for k in kept}, "result": result}
+
+
+def cell_value(chunks: list[dict]) -> dict:
+    """A cell's summary from its chunks' records: their queries, seconds and engine counters added up."""
+    engine: dict = {}
+    for c in chunks:
+        for k, v in c["engine"].items():
+            engine[k] = max(engine.get(k, 0), v) if k == "max_live" else engine.get(k, 0) + v
+    run = TreeSolveRun([q for c in chunks for q in c["queries"]], sum(c["seconds"] for c in chunks), engine)
+    answers = {q["id"]: q["answer"] for c in chunks for q in c["queries"]}
+    return {**run.summary(), "k_total": chunks[0]["k_total"], "early_stop": chunks[0]["early_stop"], "answers": answers}
+
+
+def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict, opts: BenchSpexOptions) -> dict:
+    """results.json / results.md from the records of the finished chunks: the cells asked for and those of
+    earlier runs of the same configuration, by task, search, in flight, variant. A cell still running shows
+    the chunks it has; its speedup compares it with plain on the chunks both have."""
     order = list(VARIANTS)
-    cells = sorted({*cells, *(key for key in records if len(key) == 4)}, key=lambda c: (*c[:3], order.index(c[3])))
+    chunked = {key[:4] for key in records if len(key) == 5}
+    cells = sorted({*cells, *chunked}, key=lambda c: (*c[:3], order.index(c[3])))
     rows = []
-    for task, search, queries, variant in cells:
-        value = records.get((task, search, queries, variant))
-        if value is None:
+    for cell in cells:
+        task, search, queries, variant = cell
+        starts = chunk_starts(opts.problems, opts.chunk, queries)
+        done = [first for first in starts if (*cell, first) in records]
+        if not done:
             continue
-        plain = records.get((task, search, queries, "plain"))
+        value = cell_value([records[(*cell, first)] for first in done])
         row = {"task": task, "search": search, "in_flight": queries, "variant": variant}
         row.update({k: v for k, v in value.items() if k not in ("answers", "engine")})
-        row["speedup_vs_plain"] = plain["seconds"] / value["seconds"] if plain else None
-        row["accuracy_delta_vs_plain"] = value["accuracy"] - plain["accuracy"] if plain else None
+        both = [first for first in done if (task, search, queries, "plain", first) in records]
+        row["speedup_vs_plain"] = row["accuracy_delta_vs_plain"] = None
+        if both:
+            plain = cell_value([records[(task, search, queries, "plain", first)] for first in both])
+            mine = cell_value([records[(*cell, first)] for first in both])
+            row["speedup_vs_plain"] = plain["seconds"] / mine["seconds"]
+            row["accuracy_delta_vs_plain"] = mine["accuracy"] - plain["accuracy"]
         rows.append(row)
     curve, remote = records.get(("concurrency",)), records.get(("remote",))
     if curve is not None:  # derived here, so a stored curve always shows the current rule's k_total
