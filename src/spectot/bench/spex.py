@@ -29,8 +29,8 @@ import torch
 
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records, machine_info
-from spectot.tree_solve import TreeSolveRun
 from spectot.explore.budget import k_total_from_curve
+from spectot.tree_solve import TreeSolveRun
 from spectot.config import (
     BenchSpexOptions,
     DraftOptions,
@@ -112,13 +112,13 @@ def run_bench_spex(
         del records[key]  # run on another data file: run again
     todo = [c for c in todo if c not in records]
     with progress_bar() as bar:
-        job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c) for c in todo))
+        job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c[2], c[4]) for c in todo))
         for task, search, queries, variant, first in todo:
             explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
             backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
-            size = _chunk_size(opts, (task, search, queries, variant, first))
+            size = _chunk_size(opts, queries, first)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=size, offset=first)
             bar.update(job, description=f"{task} {search} x{queries} {variant} q{first + 1}-{first + size}")
             run = run_tree_solve(
@@ -148,10 +148,9 @@ def chunk_starts(problems: int, chunk: int, queries: int) -> range:
     return range(0, problems, size)
 
 
-def _chunk_size(opts: BenchSpexOptions, key: tuple) -> int:
-    queries, first = key[2], key[4]
-    starts = chunk_starts(opts.problems, opts.chunk, queries)
-    return min(starts.step, opts.problems - first)
+def _chunk_size(opts: BenchSpexOptions, queries: int, first: int) -> int:
+    """Questions in the chunk that starts at ``first`` (the last may be short)."""
+    return min(chunk_starts(opts.problems, opts.chunk, queries).step, opts.problems - first)
 
 
 def _lean(record: dict) -> dict:
@@ -193,7 +192,7 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         row["speedup_vs_plain"] = row["accuracy_delta_vs_plain"] = None
         if both:
             plain = cell_value([records[(task, search, queries, "plain", first)] for first in both])
-            mine = cell_value([records[(*cell, first)] for first in both])
+            mine = value if both == done else cell_value([records[(*cell, first)] for first in both])
             row["speedup_vs_plain"] = plain["seconds"] / mine["seconds"]
             row["accuracy_delta_vs_plain"] = mine["accuracy"] - plain["accuracy"]
         rows.append(row)

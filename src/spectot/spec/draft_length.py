@@ -288,7 +288,6 @@ class DraftLength:
         (host work included)."""
         if forwards <= 0:
             return
-        streams = max(1, streams)
         with self._lock:
             per = seconds / forwards
             known = self._draft_seconds.get(streams)
