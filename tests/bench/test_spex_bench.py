@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from spectot.bench.spex import chunk_starts, run_bench_spex, write_results
+from spectot.explore.bound import per_request_rate, speculation_bound
 from spectot.config import BenchSpexOptions, DraftOptions, ModelOptions, TreeSearchOptions
 
 GSM8K = Path(__file__).parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -50,6 +51,8 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
     keys = [key[3:] for key in (json.loads(line)["key"] for line in lines) if len(key) == 5]
     assert keys == [[v, first] for first in (0, 2) for v in ("plain", "spex", "sd", "spex+es")]
+    first_chunk = json.loads(lines[0])["value"]["queries"]
+    assert all(len(q["result"]["tree"]) == q["expansions"] for q in first_chunk)  # kept for the replayed ceiling
     again = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)  # everything from the records
     assert (tmp_path / "records.jsonl").read_text().splitlines() == lines
     assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
@@ -80,3 +83,24 @@ def test_chunks_take_turns_and_a_running_cell_compares_on_the_chunks_it_has(tmp_
     assert rows["spex"]["problems"] == 2  # one chunk so far
     assert rows["spex"]["speedup_vs_plain"] == 2.0  # 8 s against 4 s on questions 1-2, not 14 s on 1-4
     assert rows["spex"]["accuracy_delta_vs_plain"] == 0.5  # 2/2 against 1/2 there
+
+
+def test_a_plain_bfs_row_gets_its_trees_replayed_on_the_throughput_curve(tmp_path) -> None:
+    trees = [[[-1, 3], [-1, 1], [1, 2], [0, 1]], [[-1, 2], [-1, 2], [0, 4]]]
+    queries = [
+        {"id": str(i), "answer": "1", "score": 1.0, "seconds": 1.0, "tokens": 7, "expansions": len(tree)}
+        | {"stopped_early": False, "spec": {}, "result": {"tree": tree}}
+        for i, tree in enumerate(trees)
+    ]
+    chunk = {"seconds": 2.0, "engine": {}, "queries": queries, "k_total": 2, "early_stop": False}
+    records = {("gsm8k", "rebase", 1, "plain", 0): chunk, ("gsm8k", "rstar", 1, "plain", 0): chunk}
+    curve = {"concurrency": [1, 2, 4], "tokens_per_second": [10.0, 16.0, 20.0], "sweeps": []}
+    records[("concurrency",)] = curve
+    opts = BenchSpexOptions(problems=2, chunk=0, out=str(tmp_path))
+    rows = write_results(tmp_path, records, [], {"lookahead": 1}, opts)["rows"]
+    rate = per_request_rate(curve["concurrency"], curve["tokens_per_second"])
+    expected = speculation_bound([[tuple(n) for n in t] for t in trees], rate, 1, 2, 1)
+    assert 1.0 < expected < 1.25
+    assert rows[0]["search"] == "rebase" and rows[0]["machine_ceiling"] == pytest.approx(expected)
+    assert "machine_ceiling" not in rows[1]  # rStar has no level barriers to replay
+    assert f"| {expected:.2f} |" in (tmp_path / "results.md").read_text()

@@ -29,6 +29,7 @@ import torch
 
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records, machine_info
+from spectot.explore.bound import per_request_rate, replay_seconds
 from spectot.explore.budget import k_total_from_curve
 from spectot.tree_solve import TreeSolveRun
 from spectot.config import (
@@ -141,6 +142,9 @@ def run_bench_spex(
     return write_results(out, records, cells, config_key, opts)
 
 
+BFS = ("rebase", "ets")  # searches with reward barriers per level: a plain row has a ceiling
+
+
 def chunk_starts(problems: int, chunk: int, queries: int) -> range:
     """First question of each chunk: ``chunk`` questions (at least two rounds of ``queries`` in flight, so a
     chunk's tail, where fewer run, stays short), or the whole cell for ``chunk`` = 0."""
@@ -157,6 +161,8 @@ def _lean(record: dict) -> dict:
     """What a cell's summary needs of a query's record (its search tree stays out of the records file)."""
     kept = ("id", "answer", "score", "seconds", "tokens", "expansions", "stopped_early", "spec")
     result = {k: record["result"][k] for k in ("level_seconds", "critical_path_seconds") if k in record["result"]}
+    if record["search"] in BFS and "tree" in record["result"]:  # (parent, tokens) per node, for the replay
+        result["tree"] = [[parent, tokens] for parent, tokens, _ in record["result"]["tree"]]
     return {**{k: record[k] for k in kept}, "result": result}
 
 
@@ -171,11 +177,30 @@ def cell_value(chunks: list[dict]) -> dict:
     return {**run.summary(), "k_total": chunks[0]["k_total"], "early_stop": chunks[0]["early_stop"], "answers": answers}
 
 
+def machine_ceiling(chunks: list[dict], curve: dict, queries: int, k_total: int, lookahead: int) -> float | None:
+    """The plain BFS chunks' trees replayed on the measured throughput curve (explore/bound.py): their time
+    at the reward barriers over their time with perfect speculation at this k_total and lookahead. None for
+    records written before the trees were kept."""
+    if any("tree" not in q["result"] for c in chunks for q in c["queries"]):
+        return None
+    rate = per_request_rate(curve["concurrency"], curve["tokens_per_second"])
+    trees = [[q["result"]["tree"] for q in sorted(c["queries"], key=_question_order)] for c in chunks]
+    barrier = sum(replay_seconds(t, rate, queries) for t in trees)
+    speculating = sum(replay_seconds(t, rate, queries, k_total, lookahead) for t in trees)
+    return barrier / speculating if speculating else None
+
+
+def _question_order(query: dict) -> tuple:
+    """Records come in finishing order; the replay admits questions in the order the run did."""
+    return (0, int(query["id"]), "") if str(query["id"]).isdigit() else (1, 0, str(query["id"]))
+
+
 def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict, opts: BenchSpexOptions) -> dict:
     """results.json / results.md from the records of the finished chunks: the cells asked for and those of
     earlier runs of the same configuration, by task, search, in flight, variant. A cell still running shows
     the chunks it has; its speedup compares it with plain on the chunks both have."""
     order = list(VARIANTS)
+    curve, remote = records.get(("concurrency",)), records.get(("remote",))
     chunked = {key[:4] for key in records if len(key) == 5}
     cells = sorted({*cells, *chunked}, key=lambda c: (*c[:3], order.index(c[3])))
     rows = []
@@ -189,6 +214,9 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         row = {"task": task, "search": search, "in_flight": queries, "variant": variant}
         row.update({k: v for k, v in value.items() if k not in ("answers", "engine")})
         both = [first for first in done if (task, search, queries, "plain", first) in records]
+        if variant == "plain" and search in BFS and curve is not None:
+            chunks = [records[(*cell, first)] for first in done]
+            row["machine_ceiling"] = machine_ceiling(chunks, curve, queries, value["k_total"], config_key["lookahead"])
         row["speedup_vs_plain"] = row["accuracy_delta_vs_plain"] = None
         if both:
             plain = cell_value([records[(task, search, queries, "plain", first)] for first in both])
@@ -196,7 +224,6 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
             row["speedup_vs_plain"] = plain["seconds"] / mine["seconds"]
             row["accuracy_delta_vs_plain"] = mine["accuracy"] - plain["accuracy"]
         rows.append(row)
-    curve, remote = records.get(("concurrency",)), records.get(("remote",))
     if curve is not None:  # derived here, so a stored curve always shows the current rule's k_total
         curve = {**curve, "k_total": config_key.get("fixed_k_total") or _k_total(curve)}
     result = {
@@ -313,8 +340,8 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
     lines = [
         "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
         "speculated | hit rate | saving rate | wasted tok | spec in flight per query (mean / peak) | early stops | "
-        "ceiling |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ceiling | ceiling here |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -322,7 +349,7 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
             f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])} | {fmt(r['accuracy'])} | "
             f"{fmt(r['accuracy_delta_vs_plain'])} | {r['speculated']} | {fmt(r['hit_rate'])} | "
             f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {_budget_use(r)} | {r['stopped_early']} | "
-            f"{fmt(_ceiling(r))} |"
+            f"{fmt(_ceiling(r))} | {fmt(r.get('machine_ceiling'))} |"
         )
     sampling = ThoughtSampling(**{k: v for k, v in (config or {}).items() if k in ThoughtSampling.__dataclass_fields__})
     lines += [
@@ -334,7 +361,10 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
         lines += [
             "",
             "ceiling (plain BFS rows): the plain trees' level-synchronous time over their critical path, the "
-            "speedup perfect speculation with free concurrency would reach on the same trees.",
+            "speedup perfect speculation with free concurrency would reach on the same trees. ceiling here: "
+            "the same trees replayed on this machine's throughput curve below (an expansion decodes at T(n) / n "
+            "tokens/s beside n - 1 others), at the reward barriers and with perfect speculation at this k_total "
+            "and lookahead: the most SPEX can gain here (`explore/bound.py`).",
         ]
     if curve is not None:
         conc = ", ".join(f"{n}: {t:.0f}" for n, t in zip(curve["concurrency"], curve["tokens_per_second"]))
@@ -360,7 +390,7 @@ def _budget_use(row: dict) -> str:
 
 def _ceiling(row: dict) -> float | None:
     """Only a plain BFS row has one: its expansions all start at their level's barrier."""
-    if row["variant"] != "plain" or row["search"] not in ("rebase", "ets"):
+    if row["variant"] != "plain" or row["search"] not in BFS:
         return None
     return row.get("speculation_ceiling")
 

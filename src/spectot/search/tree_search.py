@@ -65,6 +65,7 @@ class TreeSearchResult:
             "stopped_early": self.stopped_early,
             "level_seconds": level_barrier_seconds(self.expansions),
             "critical_path_seconds": critical_path_seconds(self.expansions),
+            "tree": expansion_tree(self.expansions),
         }
 
 
@@ -132,6 +133,14 @@ def critical_path_seconds(expansions: Sequence[Child]) -> float:
     for c in sorted(expansions, key=lambda c: len(c.state)):  # parents before children
         finished_at[c.state] = finished_at.get(c.key.parent, 0.0) + c.seconds
     return max(finished_at.values())
+
+
+def expansion_tree(expansions: Sequence[Child]) -> list[tuple[int, int, float]]:
+    """(parent index or -1 for a child of the root, tokens, seconds) per expansion, parents first: the
+    shape ``explore/bound.py`` replays on the machine's throughput curve."""
+    nodes = sorted(expansions, key=lambda c: len(c.state))
+    index = {c.state: i for i, c in enumerate(nodes)}
+    return [(index.get(c.key.parent, -1), c.tokens, c.seconds) for c in nodes]
 
 
 def root_child() -> Child:
