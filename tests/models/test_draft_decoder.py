@@ -42,13 +42,15 @@ def target(tiny_llama):
 
 
 def make_draft(target, kind: str, head_ids: torch.Tensor = HEAD_IDS, num_layers: int = 1) -> DraftDecoder:
+    """kind edd, vdm, or edd+next (hidden entries also read the next token)."""
     config = DraftDecoderConfig(
-        kind,
+        kind.removesuffix("+next"),
         num_layers,
-        HIDDEN_LAYER if kind == "edd" else None,
+        HIDDEN_LAYER if kind.startswith("edd") else None,
         head_ids.numel(),
         fingerprint(target),
         target.config.to_dict(),
+        next_token=kind.endswith("+next"),
     )
     return DraftDecoder.initialise(config, target, head_ids)
 
@@ -140,8 +142,12 @@ def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: to
     stream = runner.new_stream()
     embeds = None
     if hidden is not None:
-        pending = draft.model.get_input_embeddings()(tokens[s : s + 1].to(hidden.device))
-        embeds = torch.cat([draft.hidden_proj(hidden[:s]), pending])
+        embed = draft.model.get_input_embeddings()
+        pending = embed(tokens[s : s + 1].to(hidden.device))
+        entries = draft.hidden_proj(hidden[:s])  # W_h h_i (+ W_n e(x_{i+1}))
+        if draft.next_proj is not None:
+            entries = entries + draft.next_proj(embed(tokens[1 : s + 1].to(hidden.device)))
+        embeds = torch.cat([entries, pending])
     first = runner.forward([StreamTree(stream, TokenTree.chain(tokens[: s + 1]), embeds)], logit_rows=[[s]])
     runner.commit({stream: range(s)})
     assert runner.stream_len(stream) == s
@@ -151,17 +157,19 @@ def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: to
     return first.logits[0][0], block.logits[0]  # (V',), (e - s, V')
 
 
-@pytest.mark.parametrize("kind", ["edd", "vdm"])
+@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next"])
 def test_training_forward_equals_inference(target, kind: str) -> None:
-    draft = make_draft(target, kind, num_layers=1 if kind == "edd" else 2)
-    with torch.no_grad():  # a non-identity projection, so a missing or misplaced projection shows
+    draft = make_draft(target, kind, num_layers=1 if kind != "vdm" else 2)
+    with torch.no_grad():  # non-identity, non-zero projections, so a missing or misplaced one shows
         if draft.hidden_proj is not None:
             draft.hidden_proj.weight.add_(
                 0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()).to(target.device)
             )
+        if draft.next_proj is not None:
+            draft.next_proj.weight.add_(0.5 * torch.randn(draft.next_proj.weight.shape, generator=SEEDED()))
     tokens = torch.tensor([5, 17, 42, 8, 3, 60, 21, 9, 14, 33, 2, 50])
     starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7, 7])
-    hidden = target_hidden(target, tokens) if kind == "edd" else None
+    hidden = target_hidden(target, tokens) if kind != "vdm" else None
     with torch.no_grad():
         train_logits = draft(tokens[None].to(target.device), None if hidden is None else hidden[None], starts)[0].cpu()
     assert train_logits.shape == (tokens.numel(), HEAD_IDS.numel())
@@ -169,7 +177,7 @@ def test_training_forward_equals_inference(target, kind: str) -> None:
         pending, block = inference_block_logits(draft, tokens, hidden, s, e)
         torch.testing.assert_close(pending, train_logits[s], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(block, train_logits[s:e], atol=1e-4, rtol=1e-4)
-    if kind == "edd":  # the hidden states matter: with other block starts the logits change
+    if kind != "vdm":  # the hidden states matter: with other block starts the logits change
         with torch.no_grad():
             other = draft(tokens[None].to(target.device), hidden[None], torch.zeros_like(starts))[0].cpu()
         assert not torch.allclose(other[3:], train_logits[3:], atol=1e-3)
@@ -211,6 +219,31 @@ def test_save_load_round_trip(target, tmp_path) -> None:
         assert restored[name].equal(value.to(torch.bfloat16).float()), name
     assert any(not restored[n].equal(saved[n]) for n in saved)  # the file holds bf16, not fp32
     assert loaded.model.lm_head.weight.equal(target.get_output_embeddings().weight[HEAD_IDS])
+
+
+def test_an_edd_gains_the_next_token_input_at_zero_weight(target, tmp_path) -> None:
+    draft = make_draft(target, "edd")
+    with torch.no_grad():
+        draft.hidden_proj.weight.add_(0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()))
+    draft.save(tmp_path / "edd", draft.head_ids)
+    plain = DraftDecoder.load(tmp_path / "edd", target)
+    grown = DraftDecoder.load(tmp_path / "edd", target, add_next_token=True)
+    assert grown.config.next_token and not plain.config.next_token and plain.next_proj is None
+    assert grown.next_proj.weight.abs().sum() == 0  # W_n = 0: the same function as before
+    tokens = torch.tensor([[5, 17, 42, 8, 3, 60, 21]])
+    hidden = target_hidden(target, tokens[0])[None]
+    starts = torch.tensor([0, 0, 0, 3, 3, 3, 3])
+    with torch.no_grad():
+        torch.testing.assert_close(grown(tokens, hidden, starts), plain(tokens, hidden, starts))
+        grown.next_proj.weight.fill_(0.01)
+        assert not torch.allclose(grown(tokens, hidden, starts)[0, 3:], plain(tokens, hidden, starts)[0, 3:])
+    grown.save(tmp_path / "next", grown.head_ids)  # a draft with the input keeps it
+    again = DraftDecoder.load(tmp_path / "next", target)
+    assert again.config.next_token and again.next_proj.weight.equal(grown.next_proj.weight.to(torch.bfloat16).float())
+    vdm = make_draft(target, "vdm", num_layers=2)
+    vdm.save(tmp_path / "vdm", vdm.head_ids)
+    with pytest.raises(ValueError, match="reads none"):
+        DraftDecoder.load(tmp_path / "vdm", target, add_next_token=True)
 
 
 def test_load_refuses_a_draft_of_another_target(target, tiny_llama, tmp_path) -> None:

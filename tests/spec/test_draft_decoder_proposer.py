@@ -46,15 +46,22 @@ POLICIES = {
 
 
 def make_draft(target, kind: str, head_ids: torch.Tensor, num_layers: int = 1) -> DraftDecoder:
+    """kind edd, vdm, or edd+next: an EDD whose hidden entries also read the next token (random W_n, so it counts)."""
     config = DraftDecoderConfig(
-        kind,
+        kind.removesuffix("+next"),
         num_layers,
-        HIDDEN_LAYER if kind == "edd" else None,
+        HIDDEN_LAYER if kind.startswith("edd") else None,
         head_ids.numel(),
         fingerprint(target),
         target.config.to_dict(),
+        next_token=kind.endswith("+next"),
     )
-    return DraftDecoder.initialise(config, target, head_ids).eval()
+    draft = DraftDecoder.initialise(config, target, head_ids).eval()
+    if draft.next_proj is not None:
+        with torch.no_grad():
+            noise = torch.randn(draft.next_proj.weight.shape, generator=torch.Generator().manual_seed(0))
+            draft.next_proj.weight.copy_(0.5 * noise)
+    return draft
 
 
 def proposer(
@@ -80,14 +87,14 @@ def ar_tokens(target) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def drafts(target) -> dict[str, DraftDecoder]:
-    return {kind: make_draft(target, kind, HEAD_IDS) for kind in ("edd", "vdm")}
+    return {kind: make_draft(target, kind, HEAD_IDS) for kind in ("edd", "vdm", "edd+next")}
 
 
 # -- greedy: token for token AR --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("kind", ["edd", "vdm"])
+@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next"])
 def test_greedy_decoding_equals_ar(target, ar_tokens, drafts, kind: str, policy: str) -> None:
     prop = proposer(drafts[kind], POLICIES[policy])
     out = decode(target, PROMPTS, prop, max_new_tokens=MAX_NEW, num_draft_tokens=5)
@@ -274,13 +281,13 @@ def test_sampled_decoding_with_the_lookup_branch_keeps_the_target_joint(dist_tar
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["edd", "vdm"])
+@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next"])
 def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, kind: str) -> None:
     draft = drafts[kind]
     tokens = torch.tensor([3, 17, 42, 8, 21, 9, 60])  # the last one is the pending token
     with torch.no_grad():
         hidden = target(tokens[None].to(target.device), output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
-    request = DraftRequest(0, tokens, 4, hidden[:-1] if kind == "edd" else None)
+    request = DraftRequest(0, tokens, 4, hidden[:-1] if kind != "vdm" else None)
     (chain,) = proposer(draft).propose([request], SamplingParams(), None)
     assert chain.parents is None and chain.tokens.numel() == 4 and chain.q is None  # a chain, deterministic
     # teacher forcing: the block [pending, d1, d2, d3] after the hidden states of the committed tokens
@@ -289,7 +296,7 @@ def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, 
     starts = torch.cat([torch.zeros(s, dtype=torch.int64), torch.full((4,), s)])
     full_hidden = torch.cat([hidden[:s], torch.zeros(4, hidden.shape[1])])[None]  # unseen past s
     with torch.no_grad():
-        logits = draft(seq[None], full_hidden if kind == "edd" else None, starts)[0, s:]
+        logits = draft(seq[None], full_hidden if kind != "vdm" else None, starts)[0, s:]
     assert chain.tokens.tolist() == HEAD_IDS[logits.argmax(-1)].tolist()
 
 

@@ -81,6 +81,14 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
     layer = next(k for k in base if "layers.0.mlp.down_proj" in k)
     assert not torch.allclose(fresh[layer], base[layer], rtol=0, atol=1e-6)
 
+    # --next-token grows the trained draft an input for the token after each hidden entry, trained from 0
+    grown = train("grown", (b,), init=str(tmp_path / "base"), next_token=True)
+    assert grown["draft"]["next_token"] and weights("grown").keys() == base.keys() | {"next_proj.weight"}
+    assert weights("grown")["next_proj.weight"].abs().sum() > 0  # it learnt something
+    assert torch.equal(weights("grown")["head_ids"], base["head_ids"])
+    with pytest.raises(ValueError, match="--next-token pairs"):
+        TrainDraftOptions(corpus=(b,), kind="vdm", next_token=True)
+
     with pytest.raises(ValueError, match="holds a draft of kind edd: pass --kind edd"):
         train("wrong_kind", (b,), init=str(tmp_path / "base"), kind="vdm")
     with pytest.raises(ValueError, match="not a draft folder"):

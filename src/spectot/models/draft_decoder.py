@@ -17,6 +17,14 @@ Only the draft's own parameters are stored (the layer(s), final norm, hidden pro
 head's token ids); the embedding and the head rows are the target's, taken when the draft is bound
 to its target. A fingerprint of the target's embedding refuses a draft trained for another target.
 
+With ``next_token`` (beyond the paper; EAGLE pairs features with the next token the same way), hidden entry
+i is W_h h_i + W_n e(x_{i+1}): the state of a token and the token that followed it. A draft of one layer can
+then copy (an induction step: the pending token's query finds an entry whose h_i holds that token, and the
+entry's value holds what came next), which the target does when it restates a question's numbers or Creative
+Writing's given sentences; h_i alone holds the target's guess of x_{i+1}, not x_{i+1}. x_{i+1} is known
+wherever the entry is visible: the entries a block sees end at the token before its pending one. W_n starts
+at 0, so a draft trained without it is the same function before fine-tuning.
+
 Worked example of the dual-block mask (T = 4 tokens, blocks [0, 1] and [2, 3]; rows are queries,
 h = hidden-state entries, x = token entries; 1 = may attend):
 
@@ -32,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +60,7 @@ class DraftDecoderConfig:
     head_vocab: int  # size of the draft head's token subset
     target_fingerprint: str  # sha256 prefix of the target's embedding (see ``fingerprint``)
     target_config: dict  # the target's transformers config (architecture, sizes)
+    next_token: bool = False  # EDD: hidden entry i also reads the token that followed it, x_{i+1} (see below)
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -124,6 +133,10 @@ class DraftDecoder(nn.Module):
         self.hidden_proj = nn.Linear(width, width, bias=False, dtype=dtype) if config.hidden_layer is not None else None
         if self.hidden_proj is not None:
             nn.init.eye_(self.hidden_proj.weight)
+        self.next_proj = None  # W_n, see the module docstring
+        if config.next_token and self.hidden_proj is not None:
+            self.next_proj = nn.Linear(width, width, bias=False, dtype=dtype)
+            nn.init.zeros_(self.next_proj.weight)
 
     @classmethod
     def initialise(cls, config: DraftDecoderConfig, target: Any, head_ids: torch.Tensor) -> DraftDecoder:
@@ -157,7 +170,10 @@ class DraftDecoder(nn.Module):
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device)
         if self.hidden_proj is not None:
-            x = torch.cat([self.hidden_proj(hidden.to(x.dtype)), x], 1)
+            entries = self.hidden_proj(hidden.to(x.dtype))  # W_h h_i
+            if self.next_proj is not None:  # + W_n e(x_{i+1}); the last entry's next token is unseen (0)
+                entries = entries + self.next_proj(torch.nn.functional.pad(x[:, 1:], (0, 0, 0, 1)))
+            x = torch.cat([entries, x], 1)
             allowed = dual_block_mask(block_starts).to(tokens.device)
             positions = torch.cat([positions, positions])
         else:
@@ -185,19 +201,26 @@ class DraftDecoder(nn.Module):
         (out / "draft.json").write_text(json.dumps(asdict(self.config), indent=1))
 
     @classmethod
-    def load(cls, directory: str | Path, target: Any) -> DraftDecoder:
+    def load(cls, directory: str | Path, target: Any, add_next_token: bool = False) -> DraftDecoder:
+        """The draft in ``directory`` bound to ``target``; ``add_next_token``: give an EDD trained without
+        W_n a zero one (the same function), to fine-tune it with the next-token input."""
         from safetensors.torch import load_file
 
         root = Path(directory)
         if not (root / "draft.json").is_file():
             raise FileNotFoundError(f"{root}: no draft.json; is this a directory written by `spectot train-draft`?")
         config = DraftDecoderConfig(**json.loads((root / "draft.json").read_text()))
+        new = add_next_token and not config.next_token
+        if new and config.hidden_layer is None:
+            raise ValueError(f"{root}: the next-token input pairs hidden states with tokens; this draft reads none")
+        config = replace(config, next_token=config.next_token or add_next_token)
         state = load_file(str(root / "draft.safetensors"))
         head_ids = state.pop("head_ids").to(torch.int64)
         draft = cls(config, target, head_ids)
         dtype = target.get_input_embeddings().weight.dtype
         missing, unexpected = draft.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
         missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
+        missing = [k for k in missing if not (new and k == "next_proj.weight")]  # zero: the same function
         if missing or unexpected:
             raise ValueError(
                 f"{root}: draft weights do not match its config (missing {missing}, unexpected {unexpected})"

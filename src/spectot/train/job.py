@@ -90,7 +90,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     vocab = int(target.model.config.vocab_size)
     master = target.model.float()  # the draft trains in fp32; embedding and head are the target's
     if init_folder:
-        draft = DraftDecoder.load(init_folder, master)
+        draft = DraftDecoder.load(init_folder, master, add_next_token=options.next_token)
         config, head_ids = draft.config, draft.head_ids.cpu()
     else:
         config = DraftDecoderConfig(
@@ -100,6 +100,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             head_vocab=options.head_vocab,
             target_fingerprint=fingerprint(target.model),
             target_config=target.model.config.to_dict(),
+            next_token=options.next_token,
         )
         head_ids = head_vocabulary(token_counts(sequences, vocab), options.head_vocab, target.eos_token_ids)
         draft = DraftDecoder.initialise(config, master, head_ids)

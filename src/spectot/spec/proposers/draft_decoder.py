@@ -93,6 +93,8 @@ class DraftDecoderProposer:
         self._embedding = draft.model.get_input_embeddings().weight
         proj = draft.hidden_proj
         self._hidden_proj = None if proj is None else runner.prepare_linear(proj.weight, proj.bias)
+        nxt = draft.next_proj
+        self._next_proj = None if nxt is None else runner.prepare_linear(nxt.weight, nxt.bias)
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
         self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens in the draft's cache
@@ -190,7 +192,10 @@ class DraftDecoderProposer:
             raise RuntimeError(f"EDD needs the target's hidden states of {tokens.numel()} new tokens, got {got}")
         vectors = self.runner.linear(
             r.hidden[r.hidden.shape[0] - tokens.numel() :].to(self.runner.dtype), self._hidden_proj
-        )
+        )  # W_h h_i
+        if self._next_proj is not None and tokens.numel():  # + W_n e(x_{i+1}): each token's successor, pending last
+            following = self._embedding[r.tokens[r.tokens.numel() - tokens.numel() :]].to(vectors.dtype)
+            vectors = vectors + self.runner.linear(following, self._next_proj)
         pending = self._embedding[r.tokens[-1:]]
         return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
 
