@@ -452,7 +452,8 @@ class BenchDraftsOptions:
         default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")
     )
     methods: str = field(
-        default="", **opt("comma-separated rows to run, e.g. ar,edd,edd+pct ('' = all; ar is always run)")
+        default="",
+        **opt("comma-separated rows to run, e.g. ar,edd,edd+pct ('' = all; ar and --ablation rows always run)"),
     )
     out: str = field(default="runs/bench_drafts", **opt("output folder (JSON, Markdown)"))
 

@@ -67,10 +67,12 @@ def test_bench_drafts_rows_keep_ar_tokens_and_resume(tiny_checkpoint, tiny_model
 def test_bench_drafts_runs_only_the_chosen_rows(tiny_checkpoint, tiny_model, tmp_path) -> None:
     target = tiny_model("llama", 0)
     # the VDM folder does not exist: its row is not chosen, so it is never loaded
+    mine = "mine=" + save_draft(target, "edd", tmp_path / "mine")  # an --ablation row runs whatever --methods says
     opts = bench_options(target, tmp_path, gsm8k_prompts=1, cw_prompts=0, max_new_tokens=6, k=2, methods="edd")
+    opts = BenchDraftsOptions(**{**opts.__dict__, "ablation": (mine,)})
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     result = run_bench_drafts(model, opts)
-    assert [r["method"] for r in result["rows"] if r["prompts"] == "all"] == ["ar", "edd"]
+    assert [r["method"] for r in result["rows"] if r["prompts"] == "all"] == ["ar", "edd", "mine"]
     records = (tmp_path / "bench" / "records.jsonl").read_text()
     assert '"key": ["edd", 0]' in records and '"key": ["ar", 1]' not in records  # --cw-prompts 0: none
     with pytest.raises(ValueError, match="unknown rows \\['edd\\+tree'\\]"):

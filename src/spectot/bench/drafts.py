@@ -124,14 +124,16 @@ def _methods(opts: BenchDraftsOptions) -> dict[str, DraftOptions | None]:
     if opts.lookup:
         methods["edd+lookup"] = replace(methods["edd"], lookup=opts.lookup)
         methods["edd+pct+lookup"] = replace(methods["edd+pct"], lookup=opts.lookup)
+    ablations = []
     for item in opts.ablation:
         name, _, folder = item.partition("=")
         if not folder:
             raise ValueError(f"--ablation expects NAME=FOLDER, got '{item}'")
         methods[name] = DraftOptions(draft=folder, num_draft_tokens=opts.k, lookup=0)
+        ablations.append(name)
     if not opts.methods:
         return methods
-    wanted = {"ar", *opts.methods.split(",")}
+    wanted = {"ar", *opts.methods.split(","), *ablations}  # an --ablation row is asked for by naming it
     unknown = wanted - set(methods)
     if unknown:
         raise ValueError(f"--methods: unknown rows {sorted(unknown)}; this run has {', '.join(methods)}")
