@@ -67,7 +67,7 @@ def replay_seconds(
     left = {(q, i): float(work) for q, tree in enumerate(trees) for i, (_, work) in enumerate(tree)}  # work left
     done: set[tuple[int, int]] = set()
     running: set[tuple[int, int]] = set()
-    waiting, active = list(range(len(trees)))[::-1], []
+    waiting, active = list(range(len(trees)))[::-1], []  # waiting: popped from the end, first query first
     clock = 0.0
 
     def level(q: int) -> float:  # the query's current level: its shallowest unfinished depth
@@ -78,10 +78,12 @@ def replay_seconds(
         return (q, i) not in running and (q, i) not in done and (parent < 0 or (q, parent) in done)
 
     while True:
-        active = [q for q in active if level(q) < math.inf]
-        while waiting and len(active) < in_flight:
-            active.append(waiting.pop())
         levels = {q: level(q) for q in active}
+        active = [q for q in active if levels[q] < math.inf]  # finished queries leave
+        while waiting and len(active) < in_flight:
+            q = waiting.pop()
+            active.append(q)
+            levels[q] = level(q)
         running |= {(q, i) for q in active for i, d in enumerate(depth[q]) if d == levels[q] and ready(q, i)}
         early = sorted(
             (depth[q][i], q, i)

@@ -172,7 +172,7 @@ class DraftDecoder(nn.Module):
         if self.hidden_proj is not None:
             entries = self.hidden_proj(hidden.to(x.dtype))  # W_h h_i
             if self.next_proj is not None:  # + W_n e(x_{i+1}); the last entry's next token is unseen (0)
-                entries = entries + self.next_proj(torch.nn.functional.pad(x[:, 1:], (0, 0, 0, 1)))
+                entries = entries + self.next_proj(nn.functional.pad(x[:, 1:], (0, 0, 0, 1)))
             x = torch.cat([entries, x], 1)
             allowed = dual_block_mask(block_starts).to(tokens.device)
             positions = torch.cat([positions, positions])
@@ -213,7 +213,8 @@ class DraftDecoder(nn.Module):
         new = add_next_token and not config.next_token
         if new and config.hidden_layer is None:
             raise ValueError(f"{root}: the next-token input pairs hidden states with tokens; this draft reads none")
-        config = replace(config, next_token=config.next_token or add_next_token)
+        if new:
+            config = replace(config, next_token=True)
         state = load_file(str(root / "draft.safetensors"))
         head_ids = state.pop("head_ids").to(torch.int64)
         draft = cls(config, target, head_ids)
