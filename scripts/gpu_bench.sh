@@ -13,7 +13,8 @@
 # Usage: scripts/gpu_bench.sh STAGE[,STAGE...] [OUT=runs/gpu] [DATA=../shared/data] [PROBLEMS=8]
 # Knobs (environment): STAGE_SECONDS / TEST_SECONDS (each stage's timeout), WORKERS (pytest -n), TESTS,
 # KERNELS (--kernels of exact and drafts), EXACT_DTYPE, DRAFT_ROWS / EXACT_ROWS (bench drafts --methods),
-# IN_FLIGHT, DRAFT_WIDTH and SPEX_FLAGS (more bench spex flags, e.g. "--tree sequoia --tree-budget 32")
+# GSM8K_PROMPTS / CW_PROMPTS (the drafts stage's prompts), IN_FLIGHT, DRAFT_WIDTH and SPEX_FLAGS (more bench spex
+# flags, e.g. "--tree sequoia --tree-budget 32")
 set -u
 stages=${1:?usage: scripts/gpu_bench.sh tests,ops,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
 out=${2:-runs/gpu}
@@ -59,7 +60,7 @@ PY
   drafts)
     timeout "${STAGE_SECONDS:-600}" "$py" -m spectot bench drafts --device cuda --kernels "${KERNELS:-auto}" \
       --gsm8k "$data/gsm8k/test.jsonl" \
-      --creative-writing "$data/tot_creative_writing/data_100_random_text.txt" --gsm8k-prompts 8 --cw-prompts 4 \
+      --creative-writing "$data/tot_creative_writing/data_100_random_text.txt" --gsm8k-prompts "${GSM8K_PROMPTS:-8}" --cw-prompts "${CW_PROMPTS:-4}" \
       --vdm "${VDM:-vdm}" --methods "${DRAFT_ROWS:-ngram,edd,edd+pct,edd+lookup,edd+pct+lookup}" \
       --out "$out/drafts" >"$out/drafts.log" 2>&1
     echo "drafts: exit $?"; tail -3 "$out/drafts.log"; cat "$out/drafts/results.md" 2>/dev/null | head -30
