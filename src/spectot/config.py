@@ -328,6 +328,13 @@ class TrainDraftOptions:
             "a draft trained without it gets the input at zero weight)"
         ),
     )
+    current_token: bool = field(
+        default=False,
+        **opt(
+            "EDD: each hidden entry also reads its own token; with --next-token an entry holds both halves of a "
+            "copy (with --init, a draft trained without it gets the input at zero weight)"
+        ),
+    )
     head_vocab: int = field(default=8192, **opt("draft head size: the corpus's most frequent tokens (q = 0 elsewhere)"))
     top_k: int = field(default=64, **opt("target probabilities kept per token for the KL loss"))
     max_len: int = field(default=384, **opt("tokens per corpus sequence at most"))
@@ -366,8 +373,11 @@ class TrainDraftOptions:
             raise ValueError("--layers >= 0, --head-vocab >= 2, --top-k >= 1 and --max-len >= 2 are required")
         if not (self.lr > 0 and self.epochs > 0 and self.batch_tokens > 0):
             raise ValueError("--lr, --epochs and --batch-tokens must be positive")
-        if self.next_token and (self.kind != "edd" or not self.hidden_states):
-            raise ValueError("--next-token pairs the target's hidden states with tokens: it needs --kind edd with them")
+        if (self.next_token or self.current_token) and (self.kind != "edd" or not self.hidden_states):
+            raise ValueError(
+                "--next-token and --current-token pair the target's hidden states with tokens: they need --kind edd "
+                "with them"
+            )
 
 
 @dataclass(frozen=True)

@@ -42,15 +42,16 @@ def target(tiny_llama):
 
 
 def make_draft(target, kind: str, head_ids: torch.Tensor = HEAD_IDS, num_layers: int = 1) -> DraftDecoder:
-    """kind edd, vdm, or edd+next (hidden entries also read the next token)."""
+    """kind edd, vdm, edd+next (hidden entries also read the next token) or edd+copy (the next token and their own)."""
     config = DraftDecoderConfig(
-        kind.removesuffix("+next"),
+        kind.split("+")[0],
         num_layers,
         HIDDEN_LAYER if kind.startswith("edd") else None,
         head_ids.numel(),
         fingerprint(target),
         target.config.to_dict(),
-        next_token=kind.endswith("+next"),
+        next_token=kind.endswith(("+next", "+copy")),
+        current_token=kind.endswith("+copy"),
     )
     return DraftDecoder.initialise(config, target, head_ids)
 
@@ -144,7 +145,9 @@ def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: to
     if hidden is not None:
         embed = draft.model.get_input_embeddings()
         pending = embed(tokens[s : s + 1].to(hidden.device))
-        entries = draft.hidden_proj(hidden[:s])  # W_h h_i (+ W_n e(x_{i+1}))
+        entries = draft.hidden_proj(hidden[:s])  # W_h h_i (+ W_c e(x_i)) (+ W_n e(x_{i+1}))
+        if draft.current_proj is not None:
+            entries = entries + draft.current_proj(embed(tokens[:s].to(hidden.device)))
         if draft.next_proj is not None:
             entries = entries + draft.next_proj(embed(tokens[1 : s + 1].to(hidden.device)))
         embeds = torch.cat([entries, pending])
@@ -157,7 +160,7 @@ def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: to
     return first.logits[0][0], block.logits[0]  # (V',), (e - s, V')
 
 
-@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next"])
+@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next", "edd+copy"])
 def test_training_forward_equals_inference(target, kind: str) -> None:
     draft = make_draft(target, kind, num_layers=1 if kind != "vdm" else 2)
     with torch.no_grad():  # non-identity, non-zero projections, so a missing or misplaced one shows
@@ -165,8 +168,9 @@ def test_training_forward_equals_inference(target, kind: str) -> None:
             draft.hidden_proj.weight.add_(
                 0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()).to(target.device)
             )
-        if draft.next_proj is not None:
-            draft.next_proj.weight.add_(0.5 * torch.randn(draft.next_proj.weight.shape, generator=SEEDED()))
+        for proj, seed in ((draft.next_proj, 0), (draft.current_proj, 1)):
+            if proj is not None:
+                proj.weight.add_(0.5 * torch.randn(proj.weight.shape, generator=torch.Generator().manual_seed(seed)))
     tokens = torch.tensor([5, 17, 42, 8, 3, 60, 21, 9, 14, 33, 2, 50])
     starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 7, 7, 7, 7, 7])
     hidden = target_hidden(target, tokens) if kind != "vdm" else None
@@ -221,29 +225,31 @@ def test_save_load_round_trip(target, tmp_path) -> None:
     assert loaded.model.lm_head.weight.equal(target.get_output_embeddings().weight[HEAD_IDS])
 
 
-def test_an_edd_gains_the_next_token_input_at_zero_weight(target, tmp_path) -> None:
+@pytest.mark.parametrize("name", ["next_token", "current_token"])
+def test_an_edd_gains_a_token_input_at_zero_weight(target, tmp_path, name: str) -> None:
     draft = make_draft(target, "edd")
     with torch.no_grad():
         draft.hidden_proj.weight.add_(0.05 * torch.randn(draft.hidden_proj.weight.shape, generator=SEEDED()))
     draft.save(tmp_path / "edd", draft.head_ids)
     plain = DraftDecoder.load(tmp_path / "edd", target)
-    grown = DraftDecoder.load(tmp_path / "edd", target, add_next_token=True)
-    assert grown.config.next_token and not plain.config.next_token and plain.next_proj is None
-    assert grown.next_proj.weight.abs().sum() == 0  # W_n = 0: the same function as before
+    grown = DraftDecoder.load(tmp_path / "edd", target, **{f"add_{name}": True})
+    proj = lambda d: getattr(d, name.replace("_token", "_proj"))  # noqa: E731  W_n or W_c
+    assert getattr(grown.config, name) and not getattr(plain.config, name) and proj(plain) is None
+    assert proj(grown).weight.abs().sum() == 0  # zero: the same function as before
     tokens = torch.tensor([[5, 17, 42, 8, 3, 60, 21]])
     hidden = target_hidden(target, tokens[0])[None]
     starts = torch.tensor([0, 0, 0, 3, 3, 3, 3])
     with torch.no_grad():
         torch.testing.assert_close(grown(tokens, hidden, starts), plain(tokens, hidden, starts))
-        grown.next_proj.weight.fill_(0.01)
+        proj(grown).weight.fill_(0.01)
         assert not torch.allclose(grown(tokens, hidden, starts)[0, 3:], plain(tokens, hidden, starts)[0, 3:])
-    grown.save(tmp_path / "next", grown.head_ids)  # a draft with the input keeps it
-    again = DraftDecoder.load(tmp_path / "next", target)
-    assert again.config.next_token and again.next_proj.weight.equal(grown.next_proj.weight.to(torch.bfloat16).float())
+    grown.save(tmp_path / "grown", grown.head_ids)  # a draft with the input keeps it
+    again = DraftDecoder.load(tmp_path / "grown", target)
+    assert getattr(again.config, name) and proj(again).weight.equal(proj(grown).weight.to(torch.bfloat16).float())
     vdm = make_draft(target, "vdm", num_layers=2)
     vdm.save(tmp_path / "vdm", vdm.head_ids)
     with pytest.raises(ValueError, match="reads none"):
-        DraftDecoder.load(tmp_path / "vdm", target, add_next_token=True)
+        DraftDecoder.load(tmp_path / "vdm", target, **{f"add_{name}": True})
 
 
 def test_load_refuses_a_draft_of_another_target(target, tiny_llama, tmp_path) -> None:

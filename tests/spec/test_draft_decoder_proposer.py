@@ -46,21 +46,23 @@ POLICIES = {
 
 
 def make_draft(target, kind: str, head_ids: torch.Tensor, num_layers: int = 1) -> DraftDecoder:
-    """kind edd, vdm, or edd+next: an EDD whose hidden entries also read the next token (random W_n, so it counts)."""
+    """kind edd, vdm, edd+next (hidden entries also read the next token) or edd+copy (the next token and their own);
+    the token inputs get random weights, so they count."""
     config = DraftDecoderConfig(
-        kind.removesuffix("+next"),
+        kind.split("+")[0],
         num_layers,
         HIDDEN_LAYER if kind.startswith("edd") else None,
         head_ids.numel(),
         fingerprint(target),
         target.config.to_dict(),
-        next_token=kind.endswith("+next"),
+        next_token=kind.endswith(("+next", "+copy")),
+        current_token=kind.endswith("+copy"),
     )
     draft = DraftDecoder.initialise(config, target, head_ids).eval()
-    if draft.next_proj is not None:
-        with torch.no_grad():
-            noise = torch.randn(draft.next_proj.weight.shape, generator=torch.Generator().manual_seed(0))
-            draft.next_proj.weight.copy_(0.5 * noise)
+    for proj, seed in ((draft.next_proj, 0), (draft.current_proj, 1)):
+        if proj is not None:
+            with torch.no_grad():
+                proj.weight.copy_(0.5 * torch.randn(proj.weight.shape, generator=torch.Generator().manual_seed(seed)))
     return draft
 
 
@@ -87,14 +89,14 @@ def ar_tokens(target) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def drafts(target) -> dict[str, DraftDecoder]:
-    return {kind: make_draft(target, kind, HEAD_IDS) for kind in ("edd", "vdm", "edd+next")}
+    return {kind: make_draft(target, kind, HEAD_IDS) for kind in ("edd", "vdm", "edd+next", "edd+copy")}
 
 
 # -- greedy: token for token AR --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next"])
+@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next", "edd+copy"])
 def test_greedy_decoding_equals_ar(target, ar_tokens, drafts, kind: str, policy: str) -> None:
     prop = proposer(drafts[kind], POLICIES[policy])
     out = decode(target, PROMPTS, prop, max_new_tokens=MAX_NEW, num_draft_tokens=5)
@@ -281,7 +283,7 @@ def test_sampled_decoding_with_the_lookup_branch_keeps_the_target_joint(dist_tar
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next"])
+@pytest.mark.parametrize("kind", ["edd", "vdm", "edd+next", "edd+copy"])
 def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, kind: str) -> None:
     draft = drafts[kind]
     tokens = torch.tensor([3, 17, 42, 8, 21, 9, 60])  # the last one is the pending token

@@ -86,8 +86,15 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
     assert grown["draft"]["next_token"] and weights("grown").keys() == base.keys() | {"next_proj.weight"}
     assert weights("grown")["next_proj.weight"].abs().sum() > 0  # it learnt something
     assert torch.equal(weights("grown")["head_ids"], base["head_ids"])
-    with pytest.raises(ValueError, match="--next-token pairs"):
-        TrainDraftOptions(corpus=(b,), kind="vdm", next_token=True)
+    # --current-token grows the next-token draft an input for each entry's own token; W_n is kept
+    copy = train("copy", (b,), init=str(tmp_path / "grown"), next_token=True, current_token=True, lr=1e-12)
+    assert copy["draft"]["current_token"] and copy["draft"]["next_token"]
+    assert weights("copy").keys() == weights("grown").keys() | {"current_proj.weight"}
+    assert weights("copy")["current_proj.weight"].abs().max() < 1e-9  # from 0, at a rate too small to move it
+    assert torch.allclose(weights("copy")["next_proj.weight"], weights("grown")["next_proj.weight"], rtol=0, atol=1e-9)
+    for flag in ("next_token", "current_token"):
+        with pytest.raises(ValueError, match="--next-token and --current-token pair"):
+            TrainDraftOptions(corpus=(b,), kind="vdm", **{flag: True})
 
     with pytest.raises(ValueError, match="holds a draft of kind edd: pass --kind edd"):
         train("wrong_kind", (b,), init=str(tmp_path / "base"), kind="vdm")

@@ -25,6 +25,12 @@ Writing's given sentences; h_i alone holds the target's guess of x_{i+1}, not x_
 wherever the entry is visible: the entries a block sees end at the token before its pending one. W_n starts
 at 0, so a draft trained without it is the same function before fine-tuning.
 
+With ``current_token`` as well, entry i adds W_c e(x_i): the token's own identity. Measured on SmolLM2, W_n alone
+did not teach the layer to copy (teacher-forced agreement on a Creative Writing passage the target restates
+stayed at 0.22): a late layer's h_i holds the guess of x_{i+1} more than x_i, so no entry held both the key of
+an induction match (x_i = the pending token) and its value (x_{i+1}). With W_c e(x_i) + W_n e(x_{i+1}) one entry
+holds both, and one attention layer can copy. W_c also starts at 0.
+
 Worked example of the dual-block mask (T = 4 tokens, blocks [0, 1] and [2, 3]; rows are queries,
 h = hidden-state entries, x = token entries; 1 = may attend):
 
@@ -61,6 +67,7 @@ class DraftDecoderConfig:
     target_fingerprint: str  # sha256 prefix of the target's embedding (see ``fingerprint``)
     target_config: dict  # the target's transformers config (architecture, sizes)
     next_token: bool = False  # EDD: hidden entry i also reads the token that followed it, x_{i+1} (see below)
+    current_token: bool = False  # EDD: hidden entry i also reads its own token, x_i (see below)
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -133,10 +140,16 @@ class DraftDecoder(nn.Module):
         self.hidden_proj = nn.Linear(width, width, bias=False, dtype=dtype) if config.hidden_layer is not None else None
         if self.hidden_proj is not None:
             nn.init.eye_(self.hidden_proj.weight)
-        self.next_proj = None  # W_n, see the module docstring
-        if config.next_token and self.hidden_proj is not None:
-            self.next_proj = nn.Linear(width, width, bias=False, dtype=dtype)
-            nn.init.zeros_(self.next_proj.weight)
+        self.current_proj = self._token_input(config.current_token, width, dtype)  # W_c, see the module docstring
+        self.next_proj = self._token_input(config.next_token, width, dtype)  # W_n
+
+    def _token_input(self, wanted: bool, width: int, dtype: torch.dtype) -> nn.Linear | None:
+        """A zero-initialised projection of token embeddings into the hidden entries (EDD only)."""
+        if not (wanted and self.hidden_proj is not None):
+            return None
+        proj = nn.Linear(width, width, bias=False, dtype=dtype)
+        nn.init.zeros_(proj.weight)
+        return proj
 
     @classmethod
     def initialise(cls, config: DraftDecoderConfig, target: Any, head_ids: torch.Tensor) -> DraftDecoder:
@@ -171,6 +184,8 @@ class DraftDecoder(nn.Module):
         positions = torch.arange(t, device=tokens.device)
         if self.hidden_proj is not None:
             entries = self.hidden_proj(hidden.to(x.dtype))  # W_h h_i
+            if self.current_proj is not None:  # + W_c e(x_i)
+                entries = entries + self.current_proj(x)
             if self.next_proj is not None:  # + W_n e(x_{i+1}); the last entry's next token is unseen (0)
                 entries = entries + self.next_proj(nn.functional.pad(x[:, 1:], (0, 0, 0, 1)))
             x = torch.cat([entries, x], 1)
@@ -201,27 +216,30 @@ class DraftDecoder(nn.Module):
         (out / "draft.json").write_text(json.dumps(asdict(self.config), indent=1))
 
     @classmethod
-    def load(cls, directory: str | Path, target: Any, add_next_token: bool = False) -> DraftDecoder:
-        """The draft in ``directory`` bound to ``target``; ``add_next_token``: give an EDD trained without
-        W_n a zero one (the same function), to fine-tune it with the next-token input."""
+    def load(
+        cls, directory: str | Path, target: Any, add_next_token: bool = False, add_current_token: bool = False
+    ) -> DraftDecoder:
+        """The draft in ``directory`` bound to ``target``; ``add_next_token`` / ``add_current_token``: give an
+        EDD trained without W_n / W_c a zero one (the same function), to fine-tune it with that token input."""
         from safetensors.torch import load_file
 
         root = Path(directory)
         if not (root / "draft.json").is_file():
             raise FileNotFoundError(f"{root}: no draft.json; is this a directory written by `spectot train-draft`?")
         config = DraftDecoderConfig(**json.loads((root / "draft.json").read_text()))
-        new = add_next_token and not config.next_token
+        asked = {"next_token": add_next_token, "current_token": add_current_token}
+        new = [name for name, wanted in asked.items() if wanted and not getattr(config, name)]
         if new and config.hidden_layer is None:
-            raise ValueError(f"{root}: the next-token input pairs hidden states with tokens; this draft reads none")
-        if new:
-            config = replace(config, next_token=True)
+            raise ValueError(f"{root}: token inputs pair hidden states with tokens; this draft reads none")
+        config = replace(config, **dict.fromkeys(new, True))
         state = load_file(str(root / "draft.safetensors"))
         head_ids = state.pop("head_ids").to(torch.int64)
         draft = cls(config, target, head_ids)
         dtype = target.get_input_embeddings().weight.dtype
         missing, unexpected = draft.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
         missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
-        missing = [k for k in missing if not (new and k == "next_proj.weight")]  # zero: the same function
+        grown = {f"{name.removesuffix('_token')}_proj.weight" for name in new}  # zero: the same function
+        missing = [k for k in missing if k not in grown]
         if missing or unexpected:
             raise ValueError(
                 f"{root}: draft weights do not match its config (missing {missing}, unexpected {unexpected})"

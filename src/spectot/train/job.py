@@ -90,7 +90,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     vocab = int(target.model.config.vocab_size)
     master = target.model.float()  # the draft trains in fp32; embedding and head are the target's
     if init_folder:
-        draft = DraftDecoder.load(init_folder, master, add_next_token=options.next_token)
+        draft = DraftDecoder.load(
+            init_folder, master, add_next_token=options.next_token, add_current_token=options.current_token
+        )
         config, head_ids = draft.config, draft.head_ids.cpu()
     else:
         config = DraftDecoderConfig(
@@ -101,6 +103,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             target_fingerprint=fingerprint(target.model),
             target_config=target.model.config.to_dict(),
             next_token=options.next_token,
+            current_token=options.current_token,
         )
         head_ids = head_vocabulary(token_counts(sequences, vocab), options.head_vocab, target.eos_token_ids)
         draft = DraftDecoder.initialise(config, master, head_ids)

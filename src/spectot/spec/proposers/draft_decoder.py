@@ -93,7 +93,8 @@ class DraftDecoderProposer:
         self._embedding = draft.model.get_input_embeddings().weight
         proj = draft.hidden_proj
         self._hidden_proj = None if proj is None else runner.prepare_linear(proj.weight, proj.bias)
-        nxt = draft.next_proj
+        cur, nxt = draft.current_proj, draft.next_proj
+        self._current_proj = None if cur is None else runner.prepare_linear(cur.weight, cur.bias)
         self._next_proj = None if nxt is None else runner.prepare_linear(nxt.weight, nxt.bias)
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
@@ -193,6 +194,8 @@ class DraftDecoderProposer:
         vectors = self.runner.linear(
             r.hidden[r.hidden.shape[0] - tokens.numel() :].to(self.runner.dtype), self._hidden_proj
         )  # W_h h_i
+        if self._current_proj is not None and tokens.numel():  # + W_c e(x_i)
+            vectors = vectors + self.runner.linear(self._embedding[tokens].to(vectors.dtype), self._current_proj)
         if self._next_proj is not None and tokens.numel():  # + W_n e(x_{i+1}): each token's successor, pending last
             following = self._embedding[r.tokens[r.tokens.numel() - tokens.numel() :]].to(vectors.dtype)
             vectors = vectors + self.runner.linear(following, self._next_proj)
