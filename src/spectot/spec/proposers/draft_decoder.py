@@ -194,13 +194,13 @@ class DraftDecoderProposer:
         vectors = self.runner.linear(
             r.hidden[r.hidden.shape[0] - tokens.numel() :].to(self.runner.dtype), self._hidden_proj
         )  # W_h h_i
+        # e(x_i) of the new tokens, then the pending token's: one gather serves W_c, W_n and the pending entry
+        embedded = self._embedding[r.tokens[r.tokens.numel() - tokens.numel() - 1 :]].to(vectors.dtype)
         if self._current_proj is not None and tokens.numel():  # + W_c e(x_i)
-            vectors = vectors + self.runner.linear(self._embedding[tokens].to(vectors.dtype), self._current_proj)
+            vectors = vectors + self.runner.linear(embedded[:-1], self._current_proj)
         if self._next_proj is not None and tokens.numel():  # + W_n e(x_{i+1}): each token's successor, pending last
-            following = self._embedding[r.tokens[r.tokens.numel() - tokens.numel() :]].to(vectors.dtype)
-            vectors = vectors + self.runner.linear(following, self._next_proj)
-        pending = self._embedding[r.tokens[-1:]]
-        return tokens, torch.cat([vectors, pending.to(vectors.dtype)])
+            vectors = vectors + self.runner.linear(embedded[1:], self._next_proj)
+        return tokens, torch.cat([vectors, embedded[-1:]])
 
     def _grow(
         self,
