@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spectot.engine.kernels import bf16_linear, tree_attention
-from spectot.engine.runner import ModelRunner, SpectotMatmul, StreamTree
+from spectot.engine.runner import ModelRunner, SpectotMatmul, SplitMatmul, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.decoding import DecodeConfig, Decoder
 from spectot.spec.proposers.ngram import NgramProposer
@@ -46,6 +46,19 @@ def test_every_row_is_computed_as_if_alone(rows: int) -> None:
     batched = kernel(x, w, None)
     alone = torch.cat([kernel(x[i : i + 1], w, None) for i in range(rows)])
     assert torch.equal(batched, alone)
+
+
+def test_split_matmul_is_spectots_kernel_up_to_its_rows_and_torchs_above() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 48, generator=gen).bfloat16()
+    b = torch.randn(64, generator=gen).bfloat16()
+    split = SplitMatmul(module)
+    weight = split.prepare(w, b)
+    for rows in (1, SplitMatmul.ROWS):
+        x = torch.randn(1, rows, 48, generator=gen).bfloat16()
+        assert torch.equal(split(x, weight), kernel(x, w, b))
+    x = torch.randn(2, SplitMatmul.ROWS, 48, generator=gen).bfloat16()  # 2 x ROWS rows in all
+    assert torch.equal(split(x, weight), torch.nn.functional.linear(x, w, b))
 
 
 def test_keeps_leading_dimensions() -> None:
