@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spectot.engine.kernels import bf16_linear, tree_attention
-from spectot.engine.runner import ModelRunner, SpectotMatmul, SplitMatmul, StreamTree
+from spectot.engine.runner import ModelRunner, SpectotMatmul, StreamTree, pick_linear
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.decoding import DecodeConfig, Decoder
 from spectot.spec.proposers.ngram import NgramProposer
@@ -48,17 +48,26 @@ def test_every_row_is_computed_as_if_alone(rows: int) -> None:
     assert torch.equal(batched, alone)
 
 
-def test_split_matmul_is_spectots_kernel_up_to_its_rows_and_torchs_above() -> None:
+def test_auto_takes_the_one_row_path_and_spectot_keeps_every_forward_on_one_path() -> None:
+    cpu = torch.device("cpu")
+    assert pick_linear(torch.bfloat16, cpu, "auto").amx_rows == 2
+    assert pick_linear(torch.bfloat16, cpu, "spectot").amx_rows == 1
+
+
+@pytest.mark.skipif(module is None or not module.amx(), reason="needs a CPU with AMX (and the OS's leave to use it)")
+def test_amx_tiles_agree_with_the_vdpbf16ps_path_to_one_bf16_step() -> None:
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(64, 48, generator=gen).bfloat16()
-    b = torch.randn(64, generator=gen).bfloat16()
-    split = SplitMatmul(module)
-    weight = split.prepare(w, b)
-    for rows in (1, SplitMatmul.ROWS):
-        x = torch.randn(1, rows, 48, generator=gen).bfloat16()
-        assert torch.equal(split(x, weight), kernel(x, w, b))
-    x = torch.randn(2, SplitMatmul.ROWS, 48, generator=gen).bfloat16()  # 2 x ROWS rows in all
-    assert torch.equal(split(x, weight), torch.nn.functional.linear(x, w, b))
+    x = torch.randn(19, 576, generator=gen).bfloat16()
+    w = torch.randn(200, 576, generator=gen).bfloat16()
+    b = torch.randn(200, generator=gen).bfloat16()
+    packed = module.pack(w)
+    tiles, lanes = module.linear(x, packed, b, 200, 1), module.linear(x, packed, b, 200, 10**9)
+    step = lanes.float().abs() * 2**-7 + 1e-3  # at most one bf16 rounding apart
+    assert ((tiles.float() - lanes.float()).abs() <= step).all()
+    assert (tiles == lanes).float().mean() > 0.99
+    # the tile path is batch-invariant on its own: 16-row blocks and a 3-row remainder alike
+    alone = torch.cat([module.linear(x[i : i + 1], packed, b, 200, 1) for i in range(19)])
+    assert torch.equal(tiles, alone)
 
 
 def test_keeps_leading_dimensions() -> None:

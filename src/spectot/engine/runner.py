@@ -94,7 +94,6 @@ class Weight:
     data: torch.Tensor
     bias: torch.Tensor | None
     out_features: int
-    plain: torch.Tensor | None = None  # the checkpoint's own tensor, where the matmul also calls torch's
 
 
 class TorchMatmul:
@@ -136,71 +135,53 @@ class SpectotMatmul:
     """spectot's batch-invariant bf16 kernel (``kernels/bf16_linear.cpp``). With AVX512-BF16 it reads
     weights packed once here into panels whose vector lanes are output columns: the runner then holds
     each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
-    model), and a weight changed after the runner was built is not seen."""
+    model), and a weight changed after the runner was built is not seen. On CPUs with AMX, forwards of
+    ``amx_rows`` rows or more run on the tile unit. One SmolLM2 forward at a 128-token context on a 2-core
+    Xeon with AMX (session 27, both paths interleaved in one run, median of 7), ms:
 
-    def __init__(self, module: Any) -> None:
+    | rows | 1 | 2 | 4 | 8 | 16 | 32 |
+    |---|---:|---:|---:|---:|---:|---:|
+    | AMX tiles | 15.2 | 16.4 | 15.8 | 17.6 | 20.0 | 31.4 |
+    | vdpbf16ps | 14.0 | 16.9 | 17.7 | 24.0 | 40.2 | 75.2 |
+
+    So ``amx_rows`` = 2 is the fastest ("auto"); 1 ("spectot") keeps every forward batch-invariant, as
+    the two paths round differently in about 1 output in 10^4."""
+
+    def __init__(self, module: Any, amx_rows: int = 1) -> None:
         self._module = module
+        self.amx_rows = amx_rows
 
     def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         with torch.no_grad():
             return Weight(self._module.pack(weight.detach()), bias, weight.shape[0])
 
     def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
-        return self._module.linear(x, w.data, w.bias, w.out_features)
+        return self._module.linear(x, w.data, w.bias, w.out_features, self.amx_rows)
 
 
-class SplitMatmul:
-    """spectot's kernel for forwards of up to ROWS rows (decode steps, draft trees), torch's oneDNN
-    (AMX) kernel above (prefills, many streams' trees at once): "auto" on CPUs with AMX. One forward of
-    SmolLM2 bf16 at a 128-token context on a 2-core Xeon with AMX (session 27, median of 7), ms:
-
-    | rows | 1 | 2 | 4 | 8 | 16 | 32 | 64 |
-    |---|---:|---:|---:|---:|---:|---:|---:|
-    | torch | 47.9 | 44.9 | 52.1 | 53.4 | 43.5 | 60.0 | 88.4 |
-    | spectot | 19.5 | 22.4 | 22.1 | 29.0 | 46.1 | 82.6 | 151.8 |
-
-    A forward of up to ROWS rows is batch-invariant as spectot's kernel is; larger ones are torch's."""
-
-    ROWS = 16
-
-    def __init__(self, module: Any) -> None:
-        self._small = SpectotMatmul(module)
-
-    def prepare(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
-        packed = self._small.prepare(weight, bias)
-        return Weight(packed.data, bias, packed.out_features, plain=weight.detach())
-
-    def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
-        if x.numel() // x.shape[-1] <= self.ROWS:
-            return self._small(x, w)
-        return torch.nn.functional.linear(x, w.plain, w.bias)
-
-
-def pick_linear(
-    dtype: torch.dtype, device: torch.device, choice: LinearKernel
-) -> TorchMatmul | SpectotMatmul | SplitMatmul:
-    """The matmul the runner uses: spectot's batch-invariant bf16 kernel on CPUs without AMX ("auto"
-    picks it there: without native bf16, torch's kernel converts the weights for every row; with
-    AVX512-BF16 but no AMX, measured on a 2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms
-    at 1 row and 13-14 ms at 6 with spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40
-    ms with torch's kernels and ops), else torch's ``F.linear`` (oneDNN's AMX kernels: t(64) = 2 t(1) on a 2-core Xeon).
-    "tiled": torch's on fixed row tiles (``TiledMatmul``), for batch-invariant bf16 on a GPU."""
+def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> TorchMatmul | SpectotMatmul:
+    """The matmul the runner uses: spectot's bf16 kernel on x86 CPUs ("auto" picks it: without native
+    bf16, torch's kernel converts the weights for every row; with AVX512-BF16 but no AMX, measured on a
+    2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms at 1 row and 13-14 ms at 6 with
+    spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40 ms with torch's kernels and ops;
+    with AMX, session 27 on a 2-core Xeon: 15-20 ms at 1 row against torch's 48-57, see SpectotMatmul),
+    else torch's ``F.linear``. "spectot" keeps every forward batch-invariant (AMX from one row), "auto"
+    takes the faster one-row path where AMX is there. "tiled": torch's on fixed row tiles
+    (``TiledMatmul``), for batch-invariant bf16 on a GPU."""
     if choice == "tiled":
         return TiledMatmul()
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
         if choice == "spectot":
             raise ValueError("the spectot linear kernel is for bf16 on the CPU; use --kernels torch or --dtype bf16")
         return TorchMatmul()
-    from spectot.engine.kernels import bf16_linear, cpu_has
+    from spectot.engine.kernels import bf16_linear
 
     module = bf16_linear()
     if module is None:
         if choice == "spectot":
             raise ValueError("the spectot bf16 kernel needs an x86 CPU with AVX2 + FMA and a C++ compiler")
         return TorchMatmul()
-    if choice == "auto" and cpu_has("amx_bf16"):
-        return SplitMatmul(module)
-    return SpectotMatmul(module)
+    return SpectotMatmul(module, amx_rows=2 if choice == "auto" else 1)
 
 
 def pick_decoder_ops(config: Any, dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> Any | None:

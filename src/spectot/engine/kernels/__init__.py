@@ -40,7 +40,7 @@ def cpu_has(*flags: str) -> bool:
     return all(f in words for f in flags)
 
 
-def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False) -> Any | None:
+def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool = False) -> Any | None:
     """The extension module built from ``<source>.cpp`` (AVX2 + FMA, OpenMP; with ``avx512_bf16`` also
     the AVX512-BF16 instructions, which the source then uses), or None with a logged warning naming
     ``fallback`` when this machine cannot build or run it."""
@@ -48,10 +48,11 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False) -> Any | 
         return None
     from torch.utils.cpp_extension import load
 
-    name = f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else "")
+    name = f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else "") + ("_amx" if amx else "")
     build = spectot_home() / "kernels" / torch.__version__.replace("+", "_") / name  # one folder per build
     build.mkdir(parents=True, exist_ok=True)
     isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
+    isa += ["-mamx-tile", "-mamx-bf16"] if amx else []
     try:
         return load(
             name=name,
@@ -70,7 +71,9 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False) -> Any | 
 def bf16_linear() -> Any | None:
     """The module with ``pack(W) -> packed`` (once per weight (N, K) bf16) and ``linear(x, packed, bias,
     N) -> x W^T + b`` (bf16, batch-invariant), or None where it cannot be built."""
-    return _build_avx2("bf16_linear", "torch's bf16 matmul", avx512_bf16=cpu_has("avx512_bf16"))
+    avx512_bf16 = cpu_has("avx512_bf16")
+    amx = avx512_bf16 and cpu_has("amx_tile", "amx_bf16")
+    return _build_avx2("bf16_linear", "torch's bf16 matmul", avx512_bf16=avx512_bf16, amx=amx)
 
 
 @cache  # one build per process; the compiled module is immutable
