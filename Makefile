@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectot-installed
 
-.PHONY: setup run demo bench test clean
+.PHONY: setup run demo bench test lint clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,10 @@ run: demo
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 
 clean:
 	rm -rf $(VENV) runs
