@@ -96,10 +96,9 @@ class ModelOptions:
     kernels: Kernels = field(
         default="auto",
         **opt(
-            "bf16 kernels on the CPU: 'auto' uses spectot's batch-invariant matmul (AVX2, or AVX512-BF16 where "
-            "the CPU has it, the tile unit from 2 rows where it has AMX) and fused layer ops, 'spectot' the same "
-            "but batch-invariant on AMX too (the tile unit from 1 row), 'torch' never; 'tiled': torch's matmul "
-            "on fixed 64-row tiles, batch-invariant bf16 on a GPU (not yet measured there)"
+            "bf16 kernels on the CPU: 'auto' uses spectot's batch-invariant matmul (AVX2, AVX512-BF16 or AMX "
+            "tiles, whichever the CPU has) and fused layer ops where they build, 'spectot' always, 'torch' never; "
+            "'tiled': torch's matmul on fixed 64-row tiles, batch-invariant bf16 on a GPU (not yet measured there)"
         ),
     )
     prefix_cache: int = field(

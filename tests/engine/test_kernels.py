@@ -48,9 +48,9 @@ def test_every_row_is_computed_as_if_alone(rows: int) -> None:
     assert torch.equal(batched, alone)
 
 
-def test_auto_takes_the_one_row_path_and_spectot_keeps_every_forward_on_one_path() -> None:
+def test_the_runner_keeps_every_forward_on_one_path() -> None:
     cpu = torch.device("cpu")
-    assert pick_linear(torch.bfloat16, cpu, "auto").amx_rows == 2
+    assert pick_linear(torch.bfloat16, cpu, "auto").amx_rows == 1
     assert pick_linear(torch.bfloat16, cpu, "spectot").amx_rows == 1
 
 

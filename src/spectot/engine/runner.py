@@ -144,8 +144,10 @@ class SpectotMatmul:
     | AMX tiles | 15.2 | 16.4 | 15.8 | 17.6 | 20.0 | 31.4 |
     | vdpbf16ps | 14.0 | 16.9 | 17.7 | 24.0 | 40.2 | 75.2 |
 
-    So ``amx_rows`` = 2 is the fastest ("auto"); 1 ("spectot") keeps every forward batch-invariant, as
-    the two paths round differently in about 1 output in 10^4."""
+    The two paths round differently in about 1 output in 10^4, so the runner takes the tiles from one row
+    (``amx_rows`` = 1): every forward batch-invariant, bf16 trees equal to ``ar``'s, for 1-7 % of a one-row
+    step (with the lanes for one row, every engine's bf16 ToT tree parted from ``ar``'s on 10 of 10 GSM8K
+    problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). ``amx_rows`` > 1 is for measuring the lanes."""
 
     def __init__(self, module: Any, amx_rows: int = 1) -> None:
         self._module = module
@@ -164,10 +166,9 @@ def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) 
     bf16, torch's kernel converts the weights for every row; with AVX512-BF16 but no AMX, measured on a
     2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms at 1 row and 13-14 ms at 6 with
     spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40 ms with torch's kernels and ops;
-    with AMX, session 27 on a 2-core Xeon: 15-20 ms at 1 row against torch's 48-57, see SpectotMatmul),
-    else torch's ``F.linear``. "spectot" keeps every forward batch-invariant (AMX from one row), "auto"
-    takes the faster one-row path where AMX is there. "tiled": torch's on fixed row tiles
-    (``TiledMatmul``), for batch-invariant bf16 on a GPU."""
+    with AMX, session 27 on a 2-core Xeon: 15-20 ms at 1 row against torch's 36-57, see SpectotMatmul),
+    else torch's ``F.linear``. "tiled": torch's on fixed row tiles (``TiledMatmul``), for batch-invariant
+    bf16 on a GPU."""
     if choice == "tiled":
         return TiledMatmul()
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
@@ -181,7 +182,7 @@ def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) 
         if choice == "spectot":
             raise ValueError("the spectot bf16 kernel needs an x86 CPU with AVX2 + FMA and a C++ compiler")
         return TorchMatmul()
-    return SpectotMatmul(module, amx_rows=2 if choice == "auto" else 1)
+    return SpectotMatmul(module)
 
 
 def pick_decoder_ops(config: Any, dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> Any | None:
