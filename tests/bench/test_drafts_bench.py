@@ -56,6 +56,9 @@ def test_bench_drafts_rows_keep_ar_tokens_and_resume(tiny_checkpoint, tiny_model
     for i in range(3):  # lossless: every draft decodes every prompt to ar's greedy tokens
         assert all(tokens[(name, i)] == tokens[("ar", i)] for name in methods)
     assert "| all | edd+pct+lookup |" in (tmp_path / "bench" / "results.md").read_text()
+    for row in result["rows"]:  # a step's time split: ar drafts nothing, every drafted row drafts something
+        ms = row["ms_per_step"]
+        assert ms["verify"] > 0 and ms["other"] >= 0 and (ms["draft"] == 0) == (row["method"] == "ar")
     assert (tmp_path / "bench" / "calibration.png").stat().st_size > 0
     lines = (tmp_path / "bench" / "records.jsonl").read_text().splitlines()
     again = run_bench_drafts(model, opts)

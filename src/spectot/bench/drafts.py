@@ -161,6 +161,8 @@ def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> li
             conf = [sum(s["calibration_confidence"][b] for s in stats) for b in range(len(n))]
             speed = sum(s["new_tokens"] for s in stats) / sum(s["time_total"] for s in stats)
             ar_speed = speed if name == "ar" else ar_speed
+            forwards = sum(s["target_forwards"] for s in stats)
+            split = {part: sum(s[f"time_{part}"] for s in stats) for part in ("total", "draft", "verify")}
             cost = records.get(("cost", name), {})
             rows.append(
                 {
@@ -171,6 +173,13 @@ def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> li
                     "c": cost.get("c_extra_depth"),
                     "tokens_per_second": speed,
                     "speedup_vs_ar": speed / ar_speed if ar_speed else None,
+                    # where a target forward's time goes (ms): drafting, verifying (the forward and the
+                    # acceptance rule), the rest (prefill included)
+                    "ms_per_step": {
+                        "draft": 1e3 * split["draft"] / forwards,
+                        "verify": 1e3 * split["verify"] / forwards,
+                        "other": 1e3 * (split["total"] - split["draft"] - split["verify"]) / forwards,
+                    },
                     "calibration_error": DecodeStats(
                         calibration_n=n, calibration_accepted=acc, calibration_confidence=conf
                     ).calibration_error
@@ -190,15 +199,18 @@ def _markdown(result: dict) -> str:
         f"# bench drafts — {cfg['target']} {cfg['dtype']}, {cfg['gsm8k_prompts']} held-out GSM8K + {cfg['cw_prompts']} "
         f"Creative Writing prompts, {cfg['max_new_tokens']} new tokens, greedy, k = {cfg['k']}, {result['machine']['threads']} threads",
         "",
-        "| prompts | draft | tokens/step (incl. bonus) | acceptance rate | c (draft step / target step) | tokens/s | speedup vs ar | ECE |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| prompts | draft | tokens/step (incl. bonus) | acceptance rate | c (draft step / target step) | tokens/s | "
+        "speedup vs ar | ms per step: draft / verify / other | ECE |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         c = "–" if r["c"] is None else f"{r['c']:.3f}"
         ece = "–" if r["calibration_error"] is None else f"{r['calibration_error']:.3f}"
+        ms = r["ms_per_step"]
         lines.append(
             f"| {r['prompts']} | {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | {c} | "
-            f"{r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f}x | {ece} |"
+            f"{r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f}x | "
+            f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['other']:.1f} | {ece} |"
         )
     if result.get("t_curve"):
         points = ", ".join(f"t({p['n']}) = {p['t']:.2f}" for p in result["t_curve"])
