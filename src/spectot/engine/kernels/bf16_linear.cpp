@@ -31,7 +31,6 @@
 
 #include "vec.h"
 
-
 namespace {
 
 inline float hsum(__m256 v) {  // fixed order: (lo + hi), then pairwise
@@ -118,7 +117,8 @@ inline __attribute__((always_inline)) void panel_tile(const uint32_t* x, int64_t
 // the tile unit: a B tile is 16 feature pairs x the 16 columns of one of a panel's four vectors (rows 256
 // bytes apart, read in place), an A tile 16 input rows x 32 features, and one TDPBF16PS adds A.B into a
 // 16 x 16 fp32 tile. Every output element sums its pairs in order (16 per tile op, tile after tile), from
-// its own input row only, so the result does not depend on the other rows; inputs are padded to 16 rows.
+// its own input row only, so the result does not depend on the other rows. A and C tiles hold min(rows, 16)
+// rows; inputs of more than 16 rows are zero-padded to a whole number of 16-row blocks.
 // The vdpbf16ps tiles above made extra rows cost ~6% of a row each on a 2-core Xeon (one SmolLM2 forward
 // t(8)/t(1) = 1.5); here 16 rows cost what one does, and the weights stream from DRAM as fast as for one.
 constexpr int64_t AMX_ROWS = 16, AMX_PAIRS = 16;  // rows of A and C, feature pairs of A and B
@@ -147,7 +147,8 @@ void configure_tiles(int rows) {
   _tile_loadconfig(&config);
 }
 
-// One panel for 16 (padded) rows: x holds each row's `pairs` feature pairs, y (16 x 64 fp32) the sums.
+// One panel for one block of rows (the configured tile rows): x holds each row's `pairs` feature pairs, y
+// (rows x 64 fp32, 64 apart) the sums.
 inline void amx_panel(const uint16_t* x, int64_t pairs, const uint16_t* w, float* y) {
   _tile_zero(0);
   _tile_zero(1);
@@ -178,8 +179,12 @@ bool amx_linear(const uint16_t* x, int64_t rows, int64_t pairs, const uint16_t* 
                 uint16_t* y) {
   if (pairs % AMX_PAIRS || !amx_permitted()) return false;
   const int64_t blocks = (rows + AMX_ROWS - 1) / AMX_ROWS, tile_rows = std::min<int64_t>(rows, AMX_ROWS);
-  std::vector<uint16_t> padded(blocks * AMX_ROWS * pairs * 2, 0);
-  std::memcpy(padded.data(), x, rows * pairs * 4);
+  std::vector<uint16_t> padded;  // only a last block shorter than the tiles' 16 rows needs it
+  if (rows > AMX_ROWS && rows % AMX_ROWS) {
+    padded.assign(blocks * AMX_ROWS * pairs * 2, 0);
+    std::memcpy(padded.data(), x, rows * pairs * 4);
+    x = padded.data();
+  }
   const int64_t panel_size = pairs * 2 * PANEL, panels = (N + PANEL - 1) / PANEL;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     configure_tiles(tile_rows);
@@ -187,7 +192,7 @@ bool amx_linear(const uint16_t* x, int64_t rows, int64_t pairs, const uint16_t* 
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col = p * PANEL, cols = std::min<int64_t>(PANEL, N - col);
       for (int64_t block = 0; block < blocks; ++block) {
-        amx_panel(padded.data() + block * AMX_ROWS * pairs * 2, pairs, w + p * panel_size, sums);
+        amx_panel(x + block * AMX_ROWS * pairs * 2, pairs, w + p * panel_size, sums);
         const int64_t first = block * AMX_ROWS, count = std::min<int64_t>(AMX_ROWS, rows - first);
         for (int c = 0; c < 4 && c * 16 < cols; ++c) {
           const __mmask16 mask = cols - c * 16 >= 16 ? 0xffff : (1u << (cols - c * 16)) - 1;
