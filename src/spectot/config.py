@@ -145,6 +145,13 @@ class DraftOptions:
     ngram_width: int = field(
         default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches")
     )
+    draft_head: int = field(
+        default=0,
+        **opt(
+            "trained drafts (edd/vdm): keep only the N most frequent tokens of the draft's ranked head (q = 0 "
+            "elsewhere, still lossless); 0: the whole head"
+        ),
+    )
     lookup: int = field(
         default=2,
         **opt(
@@ -197,6 +204,8 @@ class DraftOptions:
             raise ValueError(f"--draft-width counts candidates (0: by this machine's t(n)), got {self.draft_width}")
         if self.lookup < 0:
             raise ValueError(f"--lookup is a match length (>= 1) or 0 for off, got {self.lookup}")
+        if self.draft_head < 0:
+            raise ValueError(f"--draft-head counts tokens (0: the whole head), got {self.draft_head}")
         if self.tree == "k_config":
             parse_int_list(self.k_config, "--k-config")
         if self.tree == "specinfer":
@@ -459,7 +468,12 @@ class BenchDraftsOptions:
         ),
     )
     ablation: tuple[str, ...] = field(
-        default=(), **opt("extra draft NAME=FOLDER (repeatable), e.g. no-hidden=runs/edd-nohidden", action="append")
+        default=(),
+        **opt(
+            "extra draft row NAME=DRAFT[,FIELD=VALUE...] (repeatable): DRAFT an alias or folder, a k-token chain "
+            "unless FIELDs (draft options, e.g. tree=pct,draft_head=2048) say otherwise; e.g. no-hidden=runs/edd-nohidden",
+            action="append",
+        ),
     )
     methods: str = field(
         default="",

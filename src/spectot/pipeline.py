@@ -87,7 +87,7 @@ def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOption
     if folder is not None:
         from spectot.models.draft_decoder import DraftDecoder
 
-        decoder = DraftDecoder.load(folder, target.model)
+        decoder = DraftDecoder.load(folder, target.model, head_size=options.draft_head)
         runner = ModelRunner(
             decoder.model, max_context=target.max_context, kernels=model.kernels, exact_attention=False
         )

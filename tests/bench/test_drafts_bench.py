@@ -80,3 +80,17 @@ def test_bench_drafts_runs_only_the_chosen_rows(tiny_checkpoint, tiny_model, tmp
     assert '"key": ["edd", 0]' in records and '"key": ["ar", 1]' not in records  # --cw-prompts 0: none
     with pytest.raises(ValueError, match="unknown rows \\['edd\\+tree'\\]"):
         run_bench_drafts(model, BenchDraftsOptions(**{**opts.__dict__, "methods": "edd,edd+tree"}))
+
+
+def test_ablation_rows_take_draft_option_fields() -> None:
+    from spectot.bench.drafts import _ablation_row
+
+    plain = _ablation_row("runs/edd-nohidden", 5)
+    assert (plain.draft, plain.num_draft_tokens, plain.lookup, plain.tree) == ("runs/edd-nohidden", 5, 0, "auto")
+    row = _ablation_row("edd,tree=pct,num_draft_tokens=16,lookup=2,draft_head=2048,coupled=false", 5)
+    assert (row.tree, row.num_draft_tokens, row.lookup, row.draft_head, row.coupled) == ("pct", 16, 2, 2048, False)
+    for bad in ("edd,nonsense=1", "edd,draft=vdm", "edd,tree", "edd,draft_head=many"):
+        with pytest.raises(ValueError):
+            _ablation_row(bad, 5)
+    with pytest.raises(ValueError, match="--draft-head"):
+        _ablation_row("edd,draft_head=-1", 5)

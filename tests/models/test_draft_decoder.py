@@ -24,6 +24,7 @@ from spectot.models.draft_decoder import (
     fingerprint,
     head_vocabulary,
     random_block_starts,
+    rank_head,
 )
 
 LAYERS = 3  # target layers: hidden_layer -2 reads the output of layer 2 of 3
@@ -282,11 +283,11 @@ COUNTS = torch.tensor([5, 0, 9, 1, 7, 3])  # frequency order: 2, 4, 0, 5, 3, 1
 @pytest.mark.parametrize(
     "size, always, expected",
     [
-        (3, (), [0, 2, 4]),
-        (3, (1,), [1, 2, 4]),  # the rarest, forced in, displaces the least frequent of the top 3
-        (3, (2,), [0, 2, 4]),  # already among the top 3: nothing changes
-        (4, (1, 3), [1, 2, 3, 4]),
-        (10, (1,), [0, 1, 2, 3, 4, 5]),  # capped at the vocabulary
+        (3, (), [2, 4, 0]),  # most frequent first
+        (3, (1,), [1, 2, 4]),  # the rarest, forced in first, displaces the least frequent of the top 3
+        (3, (2,), [2, 4, 0]),  # already among the top 3: only its place changes
+        (4, (3, 1), [1, 3, 2, 4]),  # forced ids first, ascending
+        (10, (1,), [1, 2, 4, 0, 5, 3]),  # capped at the vocabulary
     ],
 )
 def test_head_vocabulary_table(size: int, always: tuple[int, ...], expected: list[int]) -> None:
@@ -297,23 +298,55 @@ def test_head_vocabulary_table(size: int, always: tuple[int, ...], expected: lis
 
 @pytest.mark.parametrize("always", [(0, 1), (1, 1), (5, 1, 0)])
 def test_head_vocabulary_keeps_every_always_id(always: tuple[int, ...]) -> None:
-    """Contract: sorted, distinct, ``size`` ids, every ``always`` id included, the rest most frequent."""
+    """Contract: distinct, ``size`` ids, the ``always`` ids first, then the most frequent others in order."""
     head = head_vocabulary(COUNTS, 3, always).tolist()
-    assert head == sorted(set(head)) and len(head) == 3
-    assert set(always) <= set(head)
-    rest = [t for t in head if t not in always]
+    forced = sorted(set(always))
+    assert len(set(head)) == len(head) == 3
+    assert head[: len(forced)] == forced
     frequent = [t for t in COUNTS.argsort(descending=True, stable=True).tolist() if t not in always]
-    assert rest == sorted(frequent[: len(rest)])
+    assert head[len(forced) :] == frequent[: 3 - len(forced)]
 
 
 def test_head_vocabulary_of_random_counts() -> None:
     counts = torch.randint(0, 1000, (200,), generator=torch.Generator().manual_seed(0))
     head = head_vocabulary(counts, 50, always=(199,))
     assert head.numel() == 50 and head.unique().numel() == 50
-    assert (head[1:] > head[:-1]).all()
-    assert 199 in head.tolist()
+    assert head[0] == 199 and (counts[head[1:-1]] >= counts[head[2:]]).all()  # ranked: any prefix is a head
     others = [t for t in head.tolist() if t != 199]
     threshold = counts[others].min()
     outside = torch.ones(200, dtype=torch.bool)
     outside[head] = False
     assert (counts[outside] <= threshold).all()  # nothing left out is more frequent than what was kept
+
+
+def test_rank_head_keeps_the_set_and_orders_it_like_head_vocabulary() -> None:
+    assert rank_head(torch.tensor([3, 5, 9]), torch.tensor([0, 0, 0, 1, 0, 7, 0, 0, 0, 7]), (9,)).tolist() == [9, 5, 3]
+    counts = torch.randint(0, 50, (300,), generator=SEEDED())
+    head = torch.randperm(300, generator=SEEDED())[:40].sort().values
+    outside = next(t for t in range(300) if t not in head.tolist())
+    ranked = rank_head(head, counts, always=(int(head[7]), outside))
+    assert sorted(ranked.tolist()) == head.tolist()  # the same ids: the same draft function
+    assert ranked[0] == head[7]  # an always id in the head comes first; one outside it is not added
+    assert (counts[ranked[1:-1]] >= counts[ranked[2:]]).all()
+
+
+def test_a_ranked_head_is_cut_to_its_most_frequent_tokens(target, tmp_path) -> None:
+    ranked = HEAD_IDS[torch.randperm(HEAD_IDS.numel(), generator=SEEDED())]  # any order, as long as it is stored
+    draft = make_draft(target, "edd", head_ids=ranked)
+    draft.save(tmp_path / "unranked", ranked)
+    with pytest.raises(ValueError, match="not ranked"):
+        DraftDecoder.load(tmp_path / "unranked", target, head_size=8)
+    draft.config = dataclasses.replace(draft.config, head_ranked=True)
+    draft.save(tmp_path / "ranked", ranked)
+    whole = DraftDecoder.load(tmp_path / "ranked", target)
+    cut = DraftDecoder.load(tmp_path / "ranked", target, head_size=8)
+    assert whole.head_ids.equal(ranked) and cut.head_ids.equal(ranked[:8]) and cut.config.head_vocab == 8
+    assert cut.model.lm_head.weight.equal(target.get_output_embeddings().weight[ranked[:8]])
+    assert DraftDecoder.load(tmp_path / "ranked", target, head_size=1000).head_ids.equal(ranked)  # no cut past it
+    tokens = torch.tensor([[5, 17, 42, 8, 3, 60, 21]])
+    hidden = target_hidden(target, tokens[0])[None]
+    starts = torch.tensor([0, 0, 0, 3, 3, 3, 3])
+    with torch.no_grad():  # the same layer: the cut head's logits are the whole head's first 8
+        torch.testing.assert_close(cut(tokens, hidden, starts), whole(tokens, hidden, starts)[..., :8])
+    with pytest.raises(ValueError, match="head_size"):
+        DraftDecoder.load(tmp_path / "ranked", target, head_size=-1)

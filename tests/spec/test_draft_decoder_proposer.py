@@ -290,8 +290,11 @@ def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, 
     with torch.no_grad():
         hidden = target(tokens[None].to(target.device), output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
     request = DraftRequest(0, tokens, 4, hidden[:-1] if kind != "vdm" else None)
-    (chain,) = proposer(draft).propose([request], SamplingParams(), None)
+    prop = proposer(draft)
+    (chain,) = prop.propose([request], SamplingParams(), None)
     assert chain.parents is None and chain.tokens.numel() == 4 and chain.q is None  # a chain, deterministic
+    # each depth ran one row over the nodes kept in the draft's cache; afterwards it holds the committed tokens only
+    assert prop.runner.stream_len(prop._streams[0]) == tokens.numel() - 1
     # teacher forcing: the block [pending, d1, d2, d3] after the hidden states of the committed tokens
     s = tokens.numel() - 1
     seq = torch.cat([tokens, chain.tokens[:-1]])

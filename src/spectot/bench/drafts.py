@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -126,10 +127,10 @@ def _methods(opts: BenchDraftsOptions) -> dict[str, DraftOptions | None]:
         methods["edd+pct+lookup"] = replace(methods["edd+pct"], lookup=opts.lookup)
     ablations = []
     for item in opts.ablation:
-        name, _, folder = item.partition("=")
-        if not folder:
-            raise ValueError(f"--ablation expects NAME=FOLDER, got '{item}'")
-        methods[name] = DraftOptions(draft=folder, num_draft_tokens=opts.k, lookup=0)
+        name, _, spec = item.partition("=")
+        if not spec:
+            raise ValueError(f"--ablation expects NAME=DRAFT[,FIELD=VALUE...], got '{item}'")
+        methods[name] = _ablation_row(spec, opts.k)
         ablations.append(name)
     if not opts.methods:
         return methods
@@ -138,6 +139,22 @@ def _methods(opts: BenchDraftsOptions) -> dict[str, DraftOptions | None]:
     if unknown:
         raise ValueError(f"--methods: unknown rows {sorted(unknown)}; this run has {', '.join(methods)}")
     return {name: draft for name, draft in methods.items() if name in wanted}
+
+
+def _ablation_row(spec: str, k: int) -> DraftOptions:
+    """DRAFT[,FIELD=VALUE...] -> the row's draft options: a k-token chain without lookup, then the FIELDs.
+
+    Example: "edd,tree=pct,draft_head=2048" -> DraftOptions(draft="edd", tree="pct", draft_head=2048, ...)."""
+    folder, *pairs = spec.split(",")
+    known = {f.name: f for f in fields(DraftOptions)}
+    values: dict[str, Any] = {"draft": folder, "num_draft_tokens": k, "lookup": 0}
+    for pair in pairs:
+        key, _, text = pair.partition("=")
+        if key not in known or key == "draft" or not text:
+            raise ValueError(f"--ablation: '{pair}' is not FIELD=VALUE of a draft option ({', '.join(known)})")
+        kind = type(known[key].default)
+        values[key] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
+    return DraftOptions(**values)
 
 
 def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> list[dict]:

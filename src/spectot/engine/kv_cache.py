@@ -155,6 +155,10 @@ class FlatKVCache:
         if slots.numel() == 0:
             return
         first = int(slots.min())  # host sync
+        if first + slots.numel() == self.used:  # distinct slots from ``first`` on: exactly the tail (a draft's
+            self.used = first  # scratch nodes, a truncated stream's last tokens); no hole lies among them
+            self.refcount[first:] = 0
+            return
         if self.used - first <= SHIFT_SLOTS:  # every verified forward's rejects: keep it cheap
             if self.holes:  # holes above ``first`` go with them
                 slots = torch.cat([slots, self.hole[first : self.used].nonzero().squeeze(1) + first])

@@ -472,7 +472,11 @@ class ModelRunner:
             logits, hidden = self._run(embeds, positions, span, layout, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
-        per_stream = list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
+        per_stream = (
+            [logits]
+            if len(trees) == 1
+            else list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
+        )
         hidden_out = None if hidden is None else list(hidden.split(sizes))
         return ForwardOutput(per_stream, hidden_out)
 
@@ -489,6 +493,12 @@ class ModelRunner:
         """Each new row's cache columns in path order: its stream's slots, then its tree ancestors'
         new slots (itself last) -- the very sequence the AR step for that token would read. (numpy:
         a one-layer draft's forward is short enough that torch's per-op overhead showed.)"""
+        if len(trees) == 1 and len(trees[0].tree) == 1:  # one stream's AR or chain step: its slots, then the new one
+            old = self.cache.slots(trees[0].stream)
+            columns = torch.empty(old.numel() + 1, dtype=torch.int64)
+            columns[:-1] = old
+            columns[-1] = start + offsets[0]
+            return _RowColumns(columns.to(self.device), torch.tensor([0, columns.numel()], device=self.device))
         values, counts = [], []
         for st, o in zip(trees, offsets):
             n = len(st.tree)
@@ -646,6 +656,11 @@ class ModelRunner:
             raise RuntimeError("commit() without a forward")
         accepted = accepted or {}
         paths = [list(accepted.get(st.stream, ())) for st in pending.trees]
+        if all(st.tree.is_chain and nodes == list(range(len(st.tree))) for st, nodes in zip(pending.trees, paths)):
+            for st, offset in zip(pending.trees, pending.offsets):  # every node kept (a prefill, an AR step): no
+                first = pending.start + offset  # mask, nothing to remove
+                self.cache.hold(st.stream, torch.arange(first, first + len(st.tree)))
+            return
         for st, nodes in zip(pending.trees, paths):  # validate everything before touching the cache
             if nodes and (not 0 <= nodes[-1] < len(st.tree) or nodes != st.tree.path_to(nodes[-1])):
                 self._pending = pending

@@ -26,6 +26,7 @@ class TokenTree:
     parents: torch.Tensor  # (n,) int64, parents[0] == -1, parents[i] < i
     depths: torch.Tensor = field(init=False)  # (n,) int64
     ancestors: torch.Tensor = field(init=False)  # (n, n) bool, ancestor-or-self
+    is_chain: bool = field(init=False)  # parents = [-1, 0, 1, ...]
 
     def __post_init__(self) -> None:
         n = self.tokens.numel()
@@ -34,7 +35,8 @@ class TokenTree:
             raise ValueError(f"a token tree needs a root with parent -1 and one parent per token, got {parents}")
         if any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
             raise ValueError(f"every parent must be an earlier node: parents={parents}")
-        if parents == list(range(-1, n - 1)):  # a chain (prefill, AR step, chain draft): no loop
+        object.__setattr__(self, "is_chain", parents == list(range(-1, n - 1)))
+        if self.is_chain:  # a prefill, an AR step, a chain draft: no loop
             object.__setattr__(self, "depths", torch.arange(n))
             object.__setattr__(self, "ancestors", torch.ones(n, n, dtype=torch.bool).tril_())
             return

@@ -11,7 +11,10 @@ VDM is the same class without hidden states and with more layers: a small indepe
 
 Draft cost on a CPU is dominated by the 49,152-row LM head, so the draft's head covers only the
 ``head_vocab`` most frequent tokens of its training corpus: q is 0 outside that subset, which the
-verification rules handle exactly (a token q cannot propose is simply never drafted).
+verification rules handle exactly (a token q cannot propose is simply never drafted). A *ranked* head
+(``head_ranked``) stores its ids most frequent first, so any prefix is the best head of its size and
+``load(head_size=N)`` keeps the first N rows: the head rows are the target's own, never trained, so the
+smaller head is the same draft with q renormalised over fewer tokens (still exact to verify).
 
 Only the draft's own parameters are stored (the layer(s), final norm, hidden projection and the
 head's token ids); the embedding and the head rows are the target's, taken when the draft is bound
@@ -68,6 +71,7 @@ class DraftDecoderConfig:
     target_config: dict  # the target's transformers config (architecture, sizes)
     next_token: bool = False  # EDD: hidden entry i also reads the token that followed it, x_{i+1} (see below)
     current_token: bool = False  # EDD: hidden entry i also reads its own token, x_i (see below)
+    head_ranked: bool = False  # head ids stored most frequent first (any prefix is a smaller head)
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -217,10 +221,16 @@ class DraftDecoder(nn.Module):
 
     @classmethod
     def load(
-        cls, directory: str | Path, target: Any, add_next_token: bool = False, add_current_token: bool = False
+        cls,
+        directory: str | Path,
+        target: Any,
+        add_next_token: bool = False,
+        add_current_token: bool = False,
+        head_size: int = 0,
     ) -> DraftDecoder:
         """The draft in ``directory`` bound to ``target``; ``add_next_token`` / ``add_current_token``: give an
-        EDD trained without W_n / W_c a zero one (the same function), to fine-tune it with that token input."""
+        EDD trained without W_n / W_c a zero one (the same function), to fine-tune it with that token input;
+        ``head_size`` > 0: keep only the first (most frequent) ``head_size`` tokens of a ranked head."""
         from safetensors.torch import load_file
 
         root = Path(directory)
@@ -234,6 +244,16 @@ class DraftDecoder(nn.Module):
         config = replace(config, **dict.fromkeys(new, True))
         state = load_file(str(root / "draft.safetensors"))
         head_ids = state.pop("head_ids").to(torch.int64)
+        if head_size < 0:
+            raise ValueError(f"head_size counts tokens (0: the whole head), got {head_size}")
+        if 0 < head_size < head_ids.numel():
+            if not config.head_ranked:
+                raise ValueError(
+                    f"{root}: this draft's head is not ranked by frequency, so it cannot be cut to {head_size} "
+                    "tokens; rank it with scripts/rank_draft_head.py or retrain it with `spectot train-draft`"
+                )
+            head_ids = head_ids[:head_size]
+            config = replace(config, head_vocab=head_size)
         draft = cls(config, target, head_ids)
         dtype = target.get_input_embeddings().weight.dtype
         missing, unexpected = draft.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
@@ -248,12 +268,25 @@ class DraftDecoder(nn.Module):
 
 
 def head_vocabulary(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
-    """Sorted ids of a head of ``size`` tokens: every id in ``always`` (e.g. the EOS ids), then the
-    most frequent others (``counts``: (V,) occurrences)."""
+    """Ids of a ranked head of ``size`` tokens: every id in ``always`` (e.g. the EOS ids, ascending), then the
+    most frequent others, most frequent first (``counts``: (V,) occurrences; ties by id). Any prefix of at
+    least ``len(always)`` ids is the head this rule picks for that size."""
     forced = sorted({int(t) for t in always})
     size = min(size, counts.numel())
     if len(forced) > size:
         raise ValueError(f"{len(forced)} required token ids do not fit a head of {size}")
     taken = set(forced)
     ranked = [t for t in counts.argsort(descending=True, stable=True).tolist() if t not in taken]
-    return torch.tensor(sorted(forced + ranked[: size - len(forced)]), dtype=torch.int64)
+    return torch.tensor(forced + ranked[: size - len(forced)], dtype=torch.int64)
+
+
+def rank_head(head_ids: torch.Tensor, counts: torch.Tensor, always: Sequence[int] = ()) -> torch.Tensor:
+    """The ids of an existing head in ``head_vocabulary``'s order: ``always`` ids first, then by ``counts``
+    (most frequent first, ties by id). The same set, so the draft computes the same function.
+
+    Example: head [3, 5, 9], counts[3, 5, 9] = 1, 7, 7, always (9,) -> [9, 5, 3]."""
+    ids = head_ids.to(torch.int64)
+    sub = torch.zeros_like(counts)
+    sub[ids] = counts[ids] + 1  # outside the head: 0, below every head id
+    ranked = head_vocabulary(sub, ids.numel(), [t for t in always if t in set(ids.tolist())])
+    return ranked

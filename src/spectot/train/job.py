@@ -104,6 +104,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             target_config=target.model.config.to_dict(),
             next_token=options.next_token,
             current_token=options.current_token,
+            head_ranked=True,  # head_vocabulary ranks the ids: most frequent first
         )
         head_ids = head_vocabulary(token_counts(sequences, vocab), options.head_vocab, target.eos_token_ids)
         draft = DraftDecoder.initialise(config, master, head_ids)

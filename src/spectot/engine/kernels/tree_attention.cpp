@@ -14,8 +14,8 @@
 //   output: acc[d] = fma(p_j, v[c_j, d], acc[d]) in column order, vectorised over d only.
 // Built with AVX512-BF16 (and D a multiple of 32), bf16 inputs take a wider score path: 16-lane vdpbf16ps
 // chains over d (q and k stay bf16, products exact in fp32), 16 keys' chains then summed by one fixed
-// transpose-and-add tree (reduce16); softmax and values as above. A key's score still depends only on q
-// and that key.
+// transpose-and-add tree (reduce16); softmax as above, values in 16 lanes (the same chain per element).
+// A key's score still depends only on q and that key.
 // Tiling (several heads or columns per register tile) and threading (which thread owns a row) never
 // change that order, so a row's output depends only on q[h, r], scale and the K/V rows at its
 // columns, in order: not on the batch, the number of rows, the thread count or the slot numbers.
@@ -219,6 +219,49 @@ inline void score_bf16(const uint16_t* q, int64_t D, const uint16_t* const* k, i
   }
 }
 
+// 16 bf16 -> 16 fp32, exact.
+inline __m512 load_bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// value_tile in 16 lanes: DB blocks of 16 dims. Lanes never mix, so every element runs the same FMA chain
+// over the columns in order (and the same division) as in value_tile: the results are equal bit for bit,
+// with half the instructions (the values were ~3/4 of a row's work at 250 columns).
+template <int GB, int DB>
+inline __attribute__((always_inline)) void value_tile16(const float* p, int64_t ld, const uint16_t* const* v,
+                                                        int64_t offset, int64_t L, const float* den, float* out,
+                                                        int64_t out_stride) {
+  __m512 acc[GB][DB];
+#pragma GCC unroll 4
+  for (int g = 0; g < GB; ++g)
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) acc[g][b] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < L; ++j) {
+    __m512 pj[GB];
+#pragma GCC unroll 4
+    for (int g = 0; g < GB; ++g) pj[g] = _mm512_set1_ps(p[g * ld + j]);
+#pragma GCC unroll 4
+    for (int b = 0; b < DB; ++b) {
+      const __m512 vv = load_bf16x16(v[j] + offset + 16 * b);
+#pragma GCC unroll 4
+      for (int g = 0; g < GB; ++g) acc[g][b] = _mm512_fmadd_ps(pj[g], vv, acc[g][b]);
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    const __m512 dg = _mm512_set1_ps(den[g]);
+    for (int b = 0; b < DB; ++b) _mm512_storeu_ps(out + g * out_stride + offset + 16 * b, _mm512_div_ps(acc[g][b], dg));
+  }
+}
+
+// value_heads for D a multiple of 16: 64 dims per tile, then 16 at a time.
+template <int GB>
+void value_heads16(const float* p, int64_t ld, const uint16_t* const* v, int64_t L, int64_t D, const float* den,
+                   float* out, int64_t out_stride) {
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) value_tile16<GB, 4>(p, ld, v, d, L, den, out, out_stride);
+  for (; d < D; d += 16) value_tile16<GB, 1>(p, ld, v, d, L, den, out, out_stride);
+}
+
 // attend_heads for bf16 with D a multiple of 32; q[g] points at head g's bf16 query row.
 template <int GB>
 void attend_heads_bf16(const uint16_t* const* q, int64_t D, const uint16_t* const* k, const uint16_t* const* v,
@@ -226,7 +269,7 @@ void attend_heads_bf16(const uint16_t* const* q, int64_t D, const uint16_t* cons
   float den[GB];
   for (int g = 0; g < GB; ++g) score_bf16(q[g], D, k, L, scale, s + g * ld);
   softmax_numerators<GB>(s, ld, L, den);
-  value_heads<GB>(s, ld, v, L, D, den, out, out_stride);
+  value_heads16<GB>(s, ld, v, L, D, den, out, out_stride);
 }
 #endif
 

@@ -5,9 +5,13 @@ target's hidden states of every verified token (fed through the draft's hidden p
 the verified tokens themselves. Each propose call is:
 
 1. catch up and draft depth 1 in one forward: [new committed entries..., pending token], logits at
-   the pending token; only the committed entries are kept in the draft's cache;
-2. grow the block (the pending token and the drafted nodes) depth by depth: one forward over the
-   whole block per depth (one layer over a few rows is cheap), logits at the frontier, nothing kept.
+   the pending token; the committed entries and the pending token stay in the draft's cache;
+2. grow the block (the pending token and the drafted nodes) depth by depth. Where a depth expands one
+   node whose parent is the last node kept (a chain, or a tree growing one branch), the forward is that
+   node alone over the cache, and it stays there too; otherwise the kept block nodes are dropped and the
+   forward runs over the whole block, keeping nothing. One row instead of the block's d made a chain's
+   draft forwards ~20 % cheaper on a 2-core Xeon (0.73 ms for one row, 0.96 for six). At the end the
+   cache is cut back to the committed entries.
 
 Which children a frontier node gets is the tree policy's decision (``spec/trees/dynamic.py``: a
 static shape such as a chain, k_config or Sequoia's tree, or PCT / VCT / CAPE / EAGLE-2). How the
@@ -118,6 +122,9 @@ class DraftDecoderProposer:
             if r.key not in self._streams:
                 fork = self.prefixes.fork(r.tokens[:-1].tolist())
                 self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[: fork.length]
+            # block nodes a propose that raised left in the draft's cache are scratch: drop them
+            self.runner.truncate(self._streams[r.key], self._committed[r.key].numel())
+        kept: dict[int, list[int]] = {r.key: [] for r in active}  # block nodes in the draft cache (a root path)
         depth = 1
         while active:
             expand = {
@@ -127,18 +134,24 @@ class DraftDecoderProposer:
                 active = [r for r in active if expand[r.key]]
                 if not active:
                     break
-            trees = [self._tree(r, blocks[r.key], depth == 1) for r in active]
-            rows = [
-                [len(st.tree) - 1] if depth == 1 else [blocks[r.key].frontier[j] for j in expand[r.key]]
-                for r, st in zip(active, trees)
-            ]
+            trees, rows, keep = [], [], {}
+            for r in active:
+                block = blocks[r.key]
+                nodes = [block.frontier[j] for j in expand[r.key]] if depth > 1 else [0]
+                if depth > 1 and not (len(nodes) == 1 and kept[r.key] and block.parents[nodes[0]] == kept[r.key][-1]):
+                    self._drop_kept(r, kept[r.key])  # the whole block, over the committed entries only
+                trees.append(self._tree(r, block, depth == 1, nodes if kept[r.key] else None))
+                if depth == 1 or kept[r.key]:  # the catch-up entries and the pending token, or the one new node
+                    rows.append([len(trees[-1].tree) - 1])
+                    keep[trees[-1].stream] = range(len(trees[-1].tree))
+                    kept[r.key].append(nodes[0])
+                else:
+                    rows.append(nodes)
             out = self.runner.forward(trees, logit_rows=rows)
-            if depth == 1:  # keep the catch-up entries, drop the pending token
-                self.runner.commit({st.stream: range(len(st.tree) - 1) for st in trees})
+            self.runner.commit(keep)
+            if depth == 1:
                 for r in active:
                     self._committed[r.key] = r.tokens[:-1]
-            else:
-                self.runner.commit({})
             self.forwards += 1
             still = []
             for r, logits in zip(active, out.logits):
@@ -153,6 +166,9 @@ class DraftDecoderProposer:
                     still.append(r)
             active = still
             depth += 1
+        for r in requests:
+            if r.key in kept:
+                self._drop_kept(r, kept[r.key])
         if not (self.lookup and mode == "top"):
             return [self._to_draft(blocks[r.key], policies[r.key], mode) for r in requests]
         drafts = []
@@ -167,13 +183,22 @@ class DraftDecoderProposer:
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
-    def _tree(self, r: DraftRequest, block: _Block, first: bool) -> StreamTree:
-        """Depth 1: the new committed entries then the pending token, one chain. Later: the block."""
+    def _tree(self, r: DraftRequest, block: _Block, first: bool, nodes: list[int] | None) -> StreamTree:
+        """Depth 1: the new committed entries then the pending token, one chain. Later: ``nodes`` (one node whose
+        ancestors are in the cache), or with None the whole block."""
         stream = self._streams[r.key]
         if first:
             tokens, embeds = self._catch_up(r)
             return StreamTree(stream, TokenTree.chain(torch.cat([tokens, torch.tensor(block.tokens)])), embeds)
+        if nodes is not None:
+            return StreamTree(stream, TokenTree.chain(torch.tensor([block.tokens[nodes[0]]])))
         return StreamTree(stream, TokenTree(torch.tensor(block.tokens), torch.tensor(block.parents)))
+
+    def _drop_kept(self, r: DraftRequest, kept: list[int]) -> None:
+        """Cut the draft's cache back to the committed entries (the block nodes in it are scratch)."""
+        if kept:
+            self.runner.truncate(self._streams[r.key], self._committed[r.key].numel())
+            kept.clear()
 
     @staticmethod
     def _frontier_conf(block: _Block) -> torch.Tensor:
