@@ -25,3 +25,32 @@ def test_a_pct_engine_verifies_only_the_tree_size_this_machine_pays_for(tiny_che
     assert policy.verify_cost is not None and policy.verify_cost(8) == 1.2
     chain, _ = make_engine(pipe, "sd", DraftOptions(draft=str(tmp_path / "edd"), adaptive_k=False), model, costs)
     assert not isinstance(chain.decoder.proposer.policy, PCTPolicy)  # --tree auto: sd drafts chains
+
+
+def test_auto_draft_head_cuts_only_a_ranked_head_on_the_cpu(tiny_checkpoint, tiny_model, tmp_path, monkeypatch):
+    """--draft-head -1 (auto): the ranked head's first CPU_DRAFT_HEAD tokens on a CPU, an unranked head whole;
+    an explicit size always wins (and an unranked head refuses to be cut)."""
+    import pytest
+
+    import spectot.pipeline as pipeline
+
+    target = tiny_model("llama", 0)
+    head = torch.arange(64).flip(0)  # a ranked head is stored most frequent first, in any id order
+    for name, ranked in (("ranked", True), ("unranked", False)):
+        config = DraftDecoderConfig(
+            "edd", 1, -2, 64, fingerprint(target), target.config.to_dict(), head_ranked=ranked
+        )
+        DraftDecoder.initialise(config, target, head).save(tmp_path / name, head)
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    monkeypatch.setattr(pipeline, "CPU_DRAFT_HEAD", 16)  # the tiny head has 64 tokens
+
+    def head_of(name: str, size: int) -> torch.Tensor:
+        options = DraftOptions(draft=str(tmp_path / name), draft_head=size)
+        return pipeline.make_proposer(options, pipe.target, model).draft.head_ids
+
+    assert head_of("ranked", -1).equal(head[:16])
+    assert head_of("unranked", -1).equal(head)
+    assert head_of("ranked", 0).equal(head) and head_of("ranked", 8).equal(head[:8])
+    with pytest.raises(ValueError, match="not ranked"):
+        head_of("unranked", 8)

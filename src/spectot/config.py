@@ -146,10 +146,11 @@ class DraftOptions:
         default=1, **opt("n-gram draft tree width: continuations of the N latest distinct matches")
     )
     draft_head: int = field(
-        default=0,
+        default=-1,
         **opt(
             "trained drafts (edd/vdm): keep only the N most frequent tokens of the draft's ranked head (q = 0 "
-            "elsewhere, still lossless); 0: the whole head"
+            "elsewhere, still lossless); 0: the whole head; -1: 2048 on a CPU (where the head's rows are most "
+            "of a draft step) if the head is ranked, else the whole head"
         ),
     )
     lookup: int = field(
@@ -204,8 +205,8 @@ class DraftOptions:
             raise ValueError(f"--draft-width counts candidates (0: by this machine's t(n)), got {self.draft_width}")
         if self.lookup < 0:
             raise ValueError(f"--lookup is a match length (>= 1) or 0 for off, got {self.lookup}")
-        if self.draft_head < 0:
-            raise ValueError(f"--draft-head counts tokens (0: the whole head), got {self.draft_head}")
+        if self.draft_head < -1:
+            raise ValueError(f"--draft-head counts tokens (0: the whole head, -1: auto), got {self.draft_head}")
         if self.tree == "k_config":
             parse_int_list(self.k_config, "--k-config")
         if self.tree == "specinfer":

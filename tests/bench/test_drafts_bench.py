@@ -93,4 +93,4 @@ def test_ablation_rows_take_draft_option_fields() -> None:
         with pytest.raises(ValueError):
             _ablation_row(bad, 5)
     with pytest.raises(ValueError, match="--draft-head"):
-        _ablation_row("edd,draft_head=-1", 5)
+        _ablation_row("edd,draft_head=-2", 5)

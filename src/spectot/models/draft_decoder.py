@@ -219,6 +219,14 @@ class DraftDecoder(nn.Module):
         save_file(state, str(out / "draft.safetensors"))
         (out / "draft.json").write_text(json.dumps(asdict(self.config), indent=1))
 
+    @staticmethod
+    def read_config(directory: str | Path) -> DraftDecoderConfig:
+        """The config of the draft in ``directory`` (its draft.json), without loading weights."""
+        root = Path(directory)
+        if not (root / "draft.json").is_file():
+            raise FileNotFoundError(f"{root}: no draft.json; is this a directory written by `spectot train-draft`?")
+        return DraftDecoderConfig(**json.loads((root / "draft.json").read_text()))
+
     @classmethod
     def load(
         cls,
@@ -234,9 +242,7 @@ class DraftDecoder(nn.Module):
         from safetensors.torch import load_file
 
         root = Path(directory)
-        if not (root / "draft.json").is_file():
-            raise FileNotFoundError(f"{root}: no draft.json; is this a directory written by `spectot train-draft`?")
-        config = DraftDecoderConfig(**json.loads((root / "draft.json").read_text()))
+        config = cls.read_config(root)
         asked = {"next_token": add_next_token, "current_token": add_current_token}
         new = [name for name, wanted in asked.items() if wanted and not getattr(config, name)]
         if new and config.hidden_layer is None:
