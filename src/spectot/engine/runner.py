@@ -440,7 +440,8 @@ class ModelRunner:
             raise ValueError("forward needs at least one stream tree")
         span = 0  # positions 0 .. span - 1 occur in this forward
         for st in trees:
-            end = self.cache.length(st.stream) + int(st.tree.depths.max()) + 1
+            depth = len(st.tree) - 1 if st.tree.is_chain else int(st.tree.depths.max())
+            end = self.cache.length(st.stream) + depth + 1
             if end > self.max_context:
                 raise ContextOverflowError(
                     f"stream would hold {end} tokens but the model's context is "
@@ -452,23 +453,24 @@ class ModelRunner:
         for n in sizes[:-1]:
             offsets.append(offsets[-1] + n)
         total = sum(sizes)
-        start = self.cache.reserve(total)
-        tokens = torch.cat([st.tree.tokens for st in trees]).to(self.device)
-        embeds = self._embeds(trees, tokens)
-        positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
-        layout = self._row_columns(trees, offsets, start) if self._kernel else self._batches(trees, offsets, start)
+        start = self.cache.reserve(total)  # outside inference mode: a grown cache's tensors stay normal ones
         if last_only:
             logit_rows = [[n - 1] for n in sizes]
-        rows = (
-            None
-            if logit_rows is None
-            else torch.tensor(
-                [o + r for o, rs in zip(offsets, logit_rows) for r in rs], dtype=torch.int64, device=self.device
-            )
-        )
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
-        with torch.inference_mode():  # the cache grew (reserve) outside: its tensors stay normal ones
+        # one inference-mode block for the whole forward: a one-layer draft's step is mostly ~5 us torch calls
+        with torch.inference_mode():
+            tokens = torch.cat([st.tree.tokens for st in trees]) if len(trees) > 1 else trees[0].tree.tokens
+            embeds = self._embeds(trees, tokens.to(self.device))
+            positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
+            layout = self._row_columns(trees, offsets, start) if self._kernel else self._batches(trees, offsets, start)
+            rows = (
+                None
+                if logit_rows is None
+                else torch.tensor(
+                    [o + r for o, rs in zip(offsets, logit_rows) for r in rs], dtype=torch.int64, device=self.device
+                )
+            )
             logits, hidden = self._run(embeds, positions, span, layout, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
@@ -481,9 +483,8 @@ class ModelRunner:
         return ForwardOutput(per_stream, hidden_out)
 
     def _embeds(self, trees: Sequence[StreamTree], tokens: torch.Tensor) -> torch.Tensor:
-        """(N, H): the token embeddings, or the trees' own input vectors where given."""
-        with torch.inference_mode():
-            x = self._embed.weight[tokens]  # the embedding module's lookup, without its call
+        """(N, H): the token embeddings, or the trees' own input vectors where given (in inference mode)."""
+        x = self._embed.weight[tokens]  # the embedding module's lookup, without its call
         if all(st.embeds is None for st in trees):
             return x
         parts = x.split([len(st.tree) for st in trees])
@@ -665,8 +666,8 @@ class ModelRunner:
             if nodes and (not 0 <= nodes[-1] < len(st.tree) or nodes != st.tree.path_to(nodes[-1])):
                 self._pending = pending
                 raise ValueError(f"accepted nodes {nodes} are not a root-to-node path of the tree")
-        if not any(paths):  # nothing kept (a draft's scratch forward): the new slots are the tail
-            self.cache.drop_tail(pending.start)
+        if not any(paths):  # nothing kept (a draft's scratch forward): the new slots are the tail, held by none
+            self.cache.drop_tail(pending.start, check=False)
             return
         keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
         for st, offset, nodes in zip(pending.trees, pending.offsets, paths):
