@@ -37,9 +37,7 @@ def test_auto_draft_head_cuts_only_a_ranked_head_on_the_cpu(tiny_checkpoint, tin
     target = tiny_model("llama", 0)
     head = torch.arange(64).flip(0)  # a ranked head is stored most frequent first, in any id order
     for name, ranked in (("ranked", True), ("unranked", False)):
-        config = DraftDecoderConfig(
-            "edd", 1, -2, 64, fingerprint(target), target.config.to_dict(), head_ranked=ranked
-        )
+        config = DraftDecoderConfig("edd", 1, -2, 64, fingerprint(target), target.config.to_dict(), head_ranked=ranked)
         DraftDecoder.initialise(config, target, head).save(tmp_path / name, head)
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
