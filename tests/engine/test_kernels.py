@@ -180,6 +180,19 @@ def test_tree_attention_row_is_computed_as_if_alone(attention, dtype) -> None:
         assert torch.equal(relocated[:, 0], batched[:, r])
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (10, 2, 40), (4, 1, 24), (6, 3, 96)])
+def test_tree_attention_bf16_rows_are_the_rounded_head_major_result(attention, heads, kv_heads, dim) -> None:
+    """rows_bf16: (N, H * D) bf16, equal bit for bit to rounding the fp32 (H, N, D) result with torch and
+    moving the heads into each row -- the three torch calls the runner no longer makes."""
+    q, kv, columns, row_ptr = random_problem(heads, kv_heads, dim, [1, 5, 17, 64, 3], torch.bfloat16, seed=dim)
+    head_major = attention(q, kv, columns, row_ptr, 0.3)
+    rows = attention(q, kv, columns, row_ptr, 0.3, True)
+    assert rows.dtype == torch.bfloat16 and rows.shape == (5, heads * dim)
+    assert torch.equal(rows, head_major.to(torch.bfloat16).transpose(0, 1).reshape(5, -1))
+    with pytest.raises(RuntimeError, match="rows_bf16 needs bf16"):
+        attention(q.float(), kv.float(), columns, row_ptr, 0.3, True)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

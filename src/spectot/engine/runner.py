@@ -627,7 +627,11 @@ class ModelRunner:
             q = qk[:, : self._q_heads].transpose(0, 1)[None]  # (1, H, N, D)
         kv = self.cache.buffer[index]  # (capacity, 2, H_kv, D)
         if isinstance(layout, _RowColumns):  # the native kernel reads each row's slots in place
-            out = self._kernel(q[0].contiguous(), kv, layout.columns, layout.row_ptr, layer.scaling)
+            heads = q[0].contiguous()
+            if x.dtype == torch.bfloat16:  # rows (N, H*D) in bf16 straight from the kernel, rounded as `to` rounds
+                out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling, True)
+                return self._linear(out[None], layer.o)
+            out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling)
             return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o)
         group = q.shape[1] // self.num_kv_heads
         parts = []

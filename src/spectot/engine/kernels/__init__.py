@@ -83,7 +83,9 @@ def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torc
     q (H, N, D) and kv (capacity, 2, H_kv, D), contiguous, both bf16 or both fp32, D a multiple of 8,
     H a multiple of H_kv (query head h reads kv head h // (H // H_kv)); kv[slot, 0] are keys and
     kv[slot, 1] values. Row r attends to slots columns[row_ptr[r] : row_ptr[r + 1]] (int64, at least
-    one each). Returns out (H, N, D) fp32, out[h, r] = softmax(scale * q[h, r] k^T) v over those slots.
+    one each). Returns out (H, N, D) fp32, out[h, r] = softmax(scale * q[h, r] k^T) v over those slots; with
+    ``rows_bf16=True`` (bf16 inputs) the same values rounded to bf16 in row-major (N, H * D), the o-projection's
+    input, equal to ``out.to(torch.bfloat16).transpose(0, 1).reshape(N, -1)`` without those three ops.
     Raises RuntimeError on inputs it does not take (the caller falls back to torch).
     """
     module = _build_avx2("tree_attention", "torch attention", avx512_bf16=cpu_has("avx512_bf16"))

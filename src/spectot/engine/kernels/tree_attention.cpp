@@ -66,7 +66,8 @@ struct Problem {
   const T* kv;             // (capacity, 2, H_kv, D)
   const int64_t* columns;  // (total,)
   const int64_t* row_ptr;  // (N + 1,)
-  float* out;              // (H, N, D)
+  float* out;              // (H, N, D) fp32, or null when rows_out is set
+  uint16_t* rows_out;      // (N, H * D) bf16 (each value rounded to nearest even), or null
   int64_t H, N, H_kv, D;
   float scale;
 };
@@ -275,11 +276,22 @@ void attend_heads_bf16(const uint16_t* const* q, int64_t D, const uint16_t* cons
 
 // Scratch one thread reuses across its tasks.
 struct Scratch {
+  std::vector<float> o;        // (G, D) the group's outputs before rounding, for a bf16 row-major result
   std::vector<float> q;        // (G, D) the group's query rows in fp32
   std::vector<float> s;        // (3, ld) scores, then softmax numerators, of up to 3 heads
   std::vector<const void*> k;  // (L,) key row pointers
   std::vector<const void*> v;  // (L,) value row pointers
 };
+
+// With a bf16 row-major result: the G heads' fp32 outputs of row r (G x D in `out`), rounded to bf16 as
+// torch's `.to(torch.bfloat16)` rounds, into row r's columns (hk*G .. hk*G+G-1) * D of rows_out.
+template <typename T>
+void store_rows(const Problem<T>& pb, int64_t r, int64_t hk, const float* out) {
+  if (!pb.rows_out) return;
+  const int64_t G = pb.H / pb.H_kv, width = G * pb.D;
+  uint16_t* dst = pb.rows_out + r * pb.H * pb.D + hk * width;
+  for (int64_t i = 0; i < width; ++i) dst[i] = spectot::to_bf16(out[i]);
+}
 
 // One (row r, kv head hk) task: the G query heads hk*G .. hk*G+G-1 of row r, 3 at a time.
 template <typename T>
@@ -295,20 +307,23 @@ void attend_group(const Problem<T>& pb, int64_t r, int64_t hk, Scratch& scratch)
     v[j] = slot + (pb.H_kv + hk) * D;
   }
   float* s = scratch.s.data();
-  float* out = pb.out + (hk * G * N + r) * D;  // query head hk*G + g at out + g * N * D
+  // query head hk*G + g at out + g * head_stride: the (H, N, D) result, or the scratch rounded into rows_out
+  float* out = pb.rows_out ? scratch.o.data() : pb.out + (hk * G * N + r) * D;
+  const int64_t head_stride = pb.rows_out ? D : N * D;
 #ifdef __AVX512BF16__
   if constexpr (std::is_same_v<T, uint16_t>) {
     if (D % 32 == 0) {
       for (int64_t g = 0; g < G; g += 3) {
         const uint16_t* q[3];
         for (int64_t i = 0; i < 3 && g + i < G; ++i) q[i] = pb.q + ((hk * G + g + i) * N + r) * D;
-        float* og = out + g * N * D;
+        float* og = out + g * head_stride;
         switch (std::min<int64_t>(3, G - g)) {
-          case 3: attend_heads_bf16<3>(q, D, k, v, L, pb.scale, s, ld, og, N * D); break;
-          case 2: attend_heads_bf16<2>(q, D, k, v, L, pb.scale, s, ld, og, N * D); break;
-          default: attend_heads_bf16<1>(q, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+          case 3: attend_heads_bf16<3>(q, D, k, v, L, pb.scale, s, ld, og, head_stride); break;
+          case 2: attend_heads_bf16<2>(q, D, k, v, L, pb.scale, s, ld, og, head_stride); break;
+          default: attend_heads_bf16<1>(q, D, k, v, L, pb.scale, s, ld, og, head_stride); break;
         }
       }
+      store_rows(pb, r, hk, out);
       return;
     }
   }
@@ -320,13 +335,14 @@ void attend_group(const Problem<T>& pb, int64_t r, int64_t hk, Scratch& scratch)
   }
   for (int64_t g = 0; g < G; g += 3) {
     const float* qg = q + g * D;
-    float* og = out + g * N * D;
+    float* og = out + g * head_stride;
     switch (std::min<int64_t>(3, G - g)) {
-      case 3: attend_heads<3>(qg, D, k, v, L, pb.scale, s, ld, og, N * D); break;
-      case 2: attend_heads<2>(qg, D, k, v, L, pb.scale, s, ld, og, N * D); break;
-      default: attend_heads<1>(qg, D, k, v, L, pb.scale, s, ld, og, N * D); break;
+      case 3: attend_heads<3>(qg, D, k, v, L, pb.scale, s, ld, og, head_stride); break;
+      case 2: attend_heads<2>(qg, D, k, v, L, pb.scale, s, ld, og, head_stride); break;
+      default: attend_heads<1>(qg, D, k, v, L, pb.scale, s, ld, og, head_stride); break;
     }
   }
+  store_rows(pb, r, hk, out);
 }
 
 // Task t = r * H_kv + hk costs about its row's column count. Split [0, N*H_kv) into `parts`
@@ -357,7 +373,8 @@ void run(const Problem<T>& pb, int64_t max_len) {
   const int64_t parts = std::min<int64_t>(tasks, 4 * at::get_num_threads());
   const auto bounds = balanced_bounds(pb.row_ptr, pb.N, pb.H_kv, parts);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch{std::vector<float>(G * pb.D), std::vector<float>(3 * ((max_len + 7) / 8 * 8)),
+    Scratch scratch{std::vector<float>(pb.rows_out ? G * pb.D : 0), std::vector<float>(G * pb.D),
+                    std::vector<float>(3 * ((max_len + 7) / 8 * 8)),
                     std::vector<const void*>(max_len), std::vector<const void*>(max_len)};
     for (int64_t part = begin; part < end; ++part)
       for (int64_t t = bounds[part]; t < bounds[part + 1]; ++t) attend_group(pb, t / pb.H_kv, t % pb.H_kv, scratch);
@@ -367,7 +384,7 @@ void run(const Problem<T>& pb, int64_t max_len) {
 }  // namespace
 
 torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor columns, torch::Tensor row_ptr,
-                             double scale) {
+                             double scale, bool rows_bf16) {
   TORCH_CHECK(q.device().is_cpu() && kv.device().is_cpu() && columns.device().is_cpu() && row_ptr.device().is_cpu(),
               "tree_attention: all tensors must be on the CPU");
   TORCH_CHECK(q.dim() == 3, "tree_attention: q must be (H, N, D), got ", q.sizes());
@@ -401,19 +418,22 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor co
     TORCH_CHECK(cols[i] >= 0 && cols[i] < capacity, "tree_attention: column ", cols[i], " is outside the cache (",
                 capacity, " slots)");
 
-  auto out = torch::empty({H, N, D}, q.options().dtype(torch::kFloat32));
+  TORCH_CHECK(!rows_bf16 || q.scalar_type() == torch::kBFloat16, "tree_attention: rows_bf16 needs bf16 inputs");
+  auto out = rows_bf16 ? torch::empty({N, H * D}, q.options()) : torch::empty({H, N, D}, q.options().dtype(torch::kFloat32));
   if (N == 0) return out;
-  float* op = out.data_ptr<float>();
+  float* op = rows_bf16 ? nullptr : out.data_ptr<float>();
+  uint16_t* rows = rows_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
   const float s = static_cast<float>(scale);
   if (q.scalar_type() == torch::kFloat32) {
-    run(Problem<float>{q.data_ptr<float>(), kv.data_ptr<float>(), cols, rp, op, H, N, H_kv, D, s}, max_len);
+    run(Problem<float>{q.data_ptr<float>(), kv.data_ptr<float>(), cols, rp, op, nullptr, H, N, H_kv, D, s}, max_len);
   } else {
     auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    run(Problem<uint16_t>{bits(q), bits(kv), cols, rp, op, H, N, H_kv, D, s}, max_len);
+    run(Problem<uint16_t>{bits(q), bits(kv), cols, rp, op, rows, H, N, H_kv, D, s}, max_len);
   }
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("tree_attention", &tree_attention, "batch-invariant attention over CSR columns (AVX2)");
+  m.def("tree_attention", &tree_attention, "batch-invariant attention over CSR columns (AVX2)", py::arg("q"),
+        py::arg("kv"), py::arg("columns"), py::arg("row_ptr"), py::arg("scale"), py::arg("rows_bf16") = false);
 }
