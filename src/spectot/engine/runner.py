@@ -336,6 +336,13 @@ class _AttentionBatch:
         )
 
 
+def _row_index(rows: list[int]) -> torch.Tensor | slice:
+    """Rows to select: a slice where they are consecutive (a view, no gather), else an index tensor."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows, dtype=torch.int64)
+
+
 @dataclass
 class _Pending:
     start: int  # first new slot
@@ -462,15 +469,15 @@ class ModelRunner:
         with torch.inference_mode():
             tokens = torch.cat([st.tree.tokens for st in trees]) if len(trees) > 1 else trees[0].tree.tokens
             embeds = self._embeds(trees, tokens.to(self.device))
-            positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
+            if len(trees) == 1 and trees[0].tree.is_chain:  # one chain: consecutive positions, sliced from the table
+                first = self.cache.length(trees[0].stream)
+                positions: torch.Tensor | slice = slice(first, first + sizes[0])
+            else:
+                positions = torch.cat([st.tree.depths + self.cache.length(st.stream) for st in trees]).to(self.device)
             layout = self._row_columns(trees, offsets, start) if self._kernel else self._batches(trees, offsets, start)
-            rows = (
-                None
-                if logit_rows is None
-                else torch.tensor(
-                    [o + r for o, rs in zip(offsets, logit_rows) for r in rs], dtype=torch.int64, device=self.device
-                )
-            )
+            rows = None if logit_rows is None else _row_index([o + r for o, rs in zip(offsets, logit_rows) for r in rs])
+            if rows is not None and not isinstance(rows, slice):
+                rows = rows.to(self.device)
             logits, hidden = self._run(embeds, positions, span, layout, start, rows, hidden_index)
         self._pending = _Pending(start, offsets, list(trees))
         logits = logits.float().cpu()  # host sync: sampling and verification run on the host
@@ -484,7 +491,7 @@ class ModelRunner:
 
     def _embeds(self, trees: Sequence[StreamTree], tokens: torch.Tensor) -> torch.Tensor:
         """(N, H): the token embeddings, or the trees' own input vectors where given (in inference mode)."""
-        x = self._embed.weight[tokens]  # the embedding module's lookup, without its call
+        x = self._embed.weight.index_select(0, tokens)  # the embedding module's lookup, without its call
         if all(st.embeds is None for st in trees):
             return x
         parts = x.split([len(st.tree) for st in trees])
@@ -549,11 +556,11 @@ class ModelRunner:
     def _run(
         self,
         embeds: torch.Tensor,  # (N, H)
-        positions: torch.Tensor,  # (N,)
+        positions: torch.Tensor | slice,  # (N,), or a slice of consecutive positions
         span: int,  # max(positions) + 1, known on the host (reading it off the device would wait for it)
         layout: _RowColumns | list[_AttentionBatch],
         start: int,
-        rows: torch.Tensor | None,
+        rows: torch.Tensor | slice | None,  # the rows whose logits are wanted (None: all)
         hidden_index: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         linear = self._linear
@@ -573,10 +580,12 @@ class ModelRunner:
             x = x if rows is None else x[rows]
         return linear(x, self._lm_head), hidden
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary module's cos and sin at ``positions`` in the form the layers take (``_rope_form``), from a
-        table of that form grown on demand (``need``: max(positions) + 1)."""
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor | slice, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary module's cos and sin at ``positions`` (a tensor, or a slice of consecutive ones) in the form
+        the layers take (``_rope_form``), from a table of that form grown on demand (``need``: max(positions) + 1)."""
         if not self._rope_cached:
+            if isinstance(positions, slice):
+                positions = torch.arange(positions.start, positions.stop, device=x.device)
             return self._rope_form(*self._rotary(x, positions[None]))
         held = 0 if self._rope_table is None else self._rope_table[0].shape[0]
         if held < need:  # double it, up to the context (past it only as far as asked)
