@@ -21,7 +21,11 @@ from spectot.spec.sampling import SamplingParams
 def measure_t_curve(
     runner: ModelRunner, n_max: int, prefix: int = 128, reps: int = 5, ns: Sequence[int] | None = None
 ) -> list[dict]:
-    """[{n, seconds, relative}] for n = 1..n_max (or the given ``ns``, which must start at 1)."""
+    """[{n, seconds, relative}] for n = 1..n_max (or the given ``ns``, which must start at 1): the median of
+    ``reps`` timed forwards per n after one warm-up round. The sizes take turns within each round, so a machine
+    whose speed drifts for a few seconds slows every n alike: measured n by n on a 2-core Xeon, one slow phase
+    gave t(4) = 1.64 > t(8) = 1.42, and PCT sized its trees by that (EDD + PCT + lookup 2.66 tokens a step
+    against 3.07 in the run before)."""
     ns = list(range(1, n_max + 1)) if ns is None else list(ns)
     if not ns or ns[0] != 1:
         raise ValueError(f"the t(n) curve starts at n = 1, got {ns}")
@@ -30,16 +34,15 @@ def measure_t_curve(
     sid = runner.new_stream()
     runner.forward([StreamTree(sid, TokenTree.chain(torch.randint(vocab, (prefix,), generator=gen)))], last_only=True)
     runner.commit_all()
-    curve = []
-    for n in ns:
-        times = []
-        for _ in range(reps + 1):  # first one is warm-up
+    times: dict[int, list[float]] = {n: [] for n in ns}
+    for _ in range(reps + 1):  # the first round is the warm-up
+        for n in ns:
             tree = TokenTree.chain(torch.randint(vocab, (n,), generator=gen))
             t = time.perf_counter()
             runner.forward([StreamTree(sid, tree)])
             runner.commit({})
-            times.append(time.perf_counter() - t)
-        curve.append({"n": n, "seconds": sorted(times[1:])[reps // 2]})
+            times[n].append(time.perf_counter() - t)
+    curve = [{"n": n, "seconds": sorted(times[n][1:])[reps // 2]} for n in ns]
     runner.release(sid)
     for point in curve:
         point["relative"] = point["seconds"] / curve[0]["seconds"]
