@@ -447,8 +447,7 @@ class ModelRunner:
             raise ValueError("forward needs at least one stream tree")
         span = 0  # positions 0 .. span - 1 occur in this forward
         for st in trees:
-            depth = len(st.tree) - 1 if st.tree.is_chain else int(st.tree.depths.max())
-            end = self.cache.length(st.stream) + depth + 1
+            end = self.cache.length(st.stream) + st.tree.depth + 1
             if end > self.max_context:
                 raise ContextOverflowError(
                     f"stream would hold {end} tokens but the model's context is "

@@ -27,6 +27,7 @@ class TokenTree:
     depths: torch.Tensor = field(init=False)  # (n,) int64
     ancestors: torch.Tensor = field(init=False)  # (n, n) bool, ancestor-or-self
     is_chain: bool = field(init=False)  # parents = [-1, 0, 1, ...]
+    depth: int = field(init=False)  # the deepest node's depth (n - 1 for a chain)
 
     def __post_init__(self) -> None:
         n = self.tokens.numel()
@@ -36,7 +37,8 @@ class TokenTree:
         if any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
             raise ValueError(f"every parent must be an earlier node: parents={parents}")
         object.__setattr__(self, "is_chain", parents == list(range(-1, n - 1)))
-        if self.is_chain:  # a prefill, an AR step, a chain draft: no loop
+        if self.is_chain:
+            object.__setattr__(self, "depth", n - 1)  # a prefill, an AR step, a chain draft: no loop
             object.__setattr__(self, "depths", torch.arange(n))
             object.__setattr__(self, "ancestors", torch.ones(n, n, dtype=torch.bool).tril_())
             return
@@ -44,15 +46,16 @@ class TokenTree:
         for i, p in enumerate(parents[1:], start=1):
             depths[i] = depths[p] + 1
         ancestors = torch.eye(n, dtype=torch.bool)
-        depth = torch.tensor(depths)
+        depth_of = torch.tensor(depths)
         if n <= 16:  # a row inherits its parent's row: row by row for small trees,
             for i, p in enumerate(parents[1:], start=1):
                 ancestors[i] |= ancestors[p]
         else:  # level by level for large ones
             for d in range(1, max(depths) + 1):
-                level = (depth == d).nonzero().squeeze(1)
+                level = (depth_of == d).nonzero().squeeze(1)
                 ancestors[level] |= ancestors[self.parents[level]]
-        object.__setattr__(self, "depths", depth)
+        object.__setattr__(self, "depths", depth_of)
+        object.__setattr__(self, "depth", max(depths))
         object.__setattr__(self, "ancestors", ancestors)
 
     @classmethod

@@ -294,5 +294,4 @@ def rank_head(head_ids: torch.Tensor, counts: torch.Tensor, always: Sequence[int
     ids = head_ids.to(torch.int64)
     sub = torch.zeros_like(counts)
     sub[ids] = counts[ids] + 1  # outside the head: 0, below every head id
-    ranked = head_vocabulary(sub, ids.numel(), [t for t in always if t in set(ids.tolist())])
-    return ranked
+    return head_vocabulary(sub, ids.numel(), [t for t in always if t in set(ids.tolist())])

@@ -404,7 +404,7 @@ class DecodeSession:
         accepted: dict[int, list[int]] = {}
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, s)
-            s.stats.record_step(d.tokens.numel(), len(path) - 1, int(st.tree.depths.max()))
+            s.stats.record_step(d.tokens.numel(), len(path) - 1, st.tree.depth)
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
             if length is not None:
                 self._observe_length(s, d, path)

@@ -140,7 +140,7 @@ class DraftDecoderProposer:
                 nodes = [block.frontier[j] for j in expand[r.key]] if depth > 1 else [0]
                 if depth > 1 and not (len(nodes) == 1 and kept[r.key] and block.parents[nodes[0]] == kept[r.key][-1]):
                     self._drop_kept(r, kept[r.key])  # the whole block, over the committed entries only
-                trees.append(self._tree(r, block, depth == 1, nodes if kept[r.key] else None))
+                trees.append(self._tree(r, block, depth == 1, nodes[0] if kept[r.key] else None))
                 if depth == 1 or kept[r.key]:  # the catch-up entries and the pending token, or the one new node
                     rows.append([len(trees[-1].tree) - 1])
                     keep[trees[-1].stream] = range(len(trees[-1].tree))
@@ -183,15 +183,15 @@ class DraftDecoderProposer:
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
-    def _tree(self, r: DraftRequest, block: _Block, first: bool, nodes: list[int] | None) -> StreamTree:
-        """Depth 1: the new committed entries then the pending token, one chain. Later: ``nodes`` (one node whose
+    def _tree(self, r: DraftRequest, block: _Block, first: bool, node: int | None) -> StreamTree:
+        """Depth 1: the new committed entries then the pending token, one chain. Later: ``node`` alone (its
         ancestors are in the cache), or with None the whole block."""
         stream = self._streams[r.key]
         if first:
             tokens, embeds = self._catch_up(r)
             return StreamTree(stream, TokenTree.chain(torch.cat([tokens, torch.tensor(block.tokens)])), embeds)
-        if nodes is not None:
-            return StreamTree(stream, TokenTree.chain(torch.tensor([block.tokens[nodes[0]]])))
+        if node is not None:
+            return StreamTree(stream, TokenTree.chain([block.tokens[node]]))
         return StreamTree(stream, TokenTree(torch.tensor(block.tokens), torch.tensor(block.parents)))
 
     def _drop_kept(self, r: DraftRequest, kept: list[int]) -> None:
