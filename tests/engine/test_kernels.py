@@ -54,6 +54,11 @@ def test_the_runner_keeps_every_forward_on_one_path() -> None:
     assert pick_linear(torch.bfloat16, cpu, "spectot").amx_rows == 1
 
 
+def test_a_draft_runner_takes_the_lanes_for_one_row() -> None:
+    cpu = torch.device("cpu")
+    assert pick_linear(torch.bfloat16, cpu, "auto", batch_invariant=False).amx_rows == 2
+
+
 @pytest.mark.skipif(module is None or not module.amx(), reason="needs a CPU with AMX (and the OS's leave to use it)")
 def test_amx_tiles_agree_with_the_vdpbf16ps_path_to_one_bf16_step() -> None:
     gen = torch.Generator().manual_seed(0)

@@ -147,7 +147,9 @@ class SpectotMatmul:
     The two paths round differently in about 1 output in 10^4, so the runner takes the tiles from one row
     (``amx_rows`` = 1): every forward batch-invariant, bf16 trees equal to ``ar``'s, for 1-7 % of a one-row
     step (with the lanes for one row, every engine's bf16 ToT tree parted from ``ar``'s on 10 of 10 GSM8K
-    problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). ``amx_rows`` > 1 is for measuring the lanes."""
+    problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). A draft's runner needs no batch invariance (its q is
+verified exactly whatever it is) and takes the lanes for one row (``amx_rows`` = 2, ``pick_linear``): one EDD row's
+forward + commit 560 -> 480 us on that Xeon (session 29, interleaved, three rounds)."""
 
     def __init__(self, module: Any, amx_rows: int = 1) -> None:
         self._module = module
@@ -161,14 +163,16 @@ class SpectotMatmul:
         return self._module.linear(x, w.data, w.bias, w.out_features, self.amx_rows)
 
 
-def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> TorchMatmul | SpectotMatmul:
+def pick_linear(
+    dtype: torch.dtype, device: torch.device, choice: LinearKernel, batch_invariant: bool = True
+) -> TorchMatmul | SpectotMatmul:
     """The matmul the runner uses: spectot's bf16 kernel on x86 CPUs ("auto" picks it: without native
     bf16, torch's kernel converts the weights for every row; with AVX512-BF16 but no AMX, measured on a
     2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms at 1 row and 13-14 ms at 6 with
     spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40 ms with torch's kernels and ops;
     with AMX, session 27 on a 2-core Xeon: 15-20 ms at 1 row against torch's 36-57, see SpectotMatmul),
     else torch's ``F.linear``. "tiled": torch's on fixed row tiles (``TiledMatmul``), for batch-invariant
-    bf16 on a GPU."""
+    bf16 on a GPU. ``batch_invariant=False`` (a draft): spectot's kernel takes the faster lanes for one row."""
     if choice == "tiled":
         return TiledMatmul()
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
@@ -182,7 +186,7 @@ def pick_linear(dtype: torch.dtype, device: torch.device, choice: LinearKernel) 
         if choice == "spectot":
             raise ValueError("the spectot bf16 kernel needs an x86 CPU with AVX2 + FMA and a C++ compiler")
         return TorchMatmul()
-    return SpectotMatmul(module)
+    return SpectotMatmul(module, amx_rows=1 if batch_invariant else 2)
 
 
 def pick_decoder_ops(config: Any, dtype: torch.dtype, device: torch.device, choice: LinearKernel) -> Any | None:
@@ -367,7 +371,8 @@ class ModelRunner:
         the tests run a GPU's path on the CPU this way), ``exact_attention`` picks the batched float64
         path (targets: their rows must equal AR steps) or, with False, torch's fused SDPA, whose result
         for a row depends on the batch layout -- fine for a draft, since verification is exact for
-        whatever q the draft reports."""
+        whatever q the draft reports. ``exact_attention=False`` also lets the matmul take its fastest
+        path for one row (``pick_linear``)."""
         config = model.config
         limit = check_architecture(config)
         self.model = model
@@ -384,7 +389,7 @@ class ModelRunner:
         lm_head = model.get_output_embeddings()
         self.dtype = lm_head.weight.dtype
         self.device = lm_head.weight.device
-        self._linear = pick_linear(self.dtype, self.device, kernels)
+        self._linear = pick_linear(self.dtype, self.device, kernels, batch_invariant=exact_attention)
         self._lm_head = self._linear.prepare(lm_head.weight, lm_head.bias)
         attn = inner.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
