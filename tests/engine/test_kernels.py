@@ -185,6 +185,59 @@ def test_tree_attention_row_is_computed_as_if_alone(attention, dtype) -> None:
         assert torch.equal(relocated[:, 0], batched[:, r])
 
 
+def tree_layout(gen: torch.Generator, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows as a verification lays them out: streams of shuffled cache slots (a reused cache is not in
+    order), each followed by its tree's nodes at new slots, a node seeing its ancestors in order; some
+    streams share a prefix (forks). Example: stream [5, 2, 9] with the chain at slots [20, 21] gives rows
+    [5 2 9 20] and [5 2 9 20 21]."""
+    slots = torch.randperm(capacity, generator=gen).tolist()
+    columns, lengths, used = [], [], 0
+    for stream in range(5):
+        length = int(torch.randint(1, 200, (), generator=gen))
+        history = (
+            slots[used : used + length] if stream % 2 == 0 else columns[-1][: length // 2] + slots[used : used + length]
+        )
+        used += length
+        nodes = int(torch.randint(1, 14, (), generator=gen))
+        new = slots[used : used + nodes]
+        used += nodes
+        parents = [-1] + [int(torch.randint(-1, i, (), generator=gen)) for i in range(1, nodes)]
+        for i in range(nodes):
+            path, node = [], i
+            while node >= 0:
+                path.insert(0, new[node])
+                node = parents[node]
+            columns.append(history + sorted(path) if stream == 3 else history + path)  # 3: ancestors out of order
+            lengths.append(len(columns[-1]))
+    return torch.tensor([c for row in columns for c in row]), torch.tensor([0, *accumulate(lengths)])
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 32), (16, 1, 128), (4, 4, 64)])
+def test_tree_attention_rows_of_trees_are_computed_as_if_alone(attention, heads, kv_heads, dim) -> None:
+    """A verification's rows share their stream's columns, which the tile path reads once for a block of
+    rows: each row must still get the bits it gets alone, in any thread count, and the reference's values."""
+    gen = torch.Generator().manual_seed(heads * dim)
+    capacity = 1400
+    columns, row_ptr = tree_layout(gen, capacity)
+    n = row_ptr.numel() - 1
+    q = (3 * torch.randn(heads, n, dim, generator=gen)).bfloat16()
+    kv = torch.randn(capacity, 2, kv_heads, dim, generator=gen).bfloat16()
+    batched = attention(q, kv, columns, row_ptr, dim**-0.5)
+    torch.testing.assert_close(
+        batched.double(), reference_attention(q, kv, columns, row_ptr, dim**-0.5), rtol=1e-5, atol=1e-5
+    )
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(attention(q, kv, columns, row_ptr, dim**-0.5), batched)
+    finally:
+        torch.set_num_threads(threads)
+    for r in range(n):
+        slots = columns[row_ptr[r] : row_ptr[r + 1]]
+        alone = attention(q[:, r : r + 1].contiguous(), kv, slots, torch.tensor([0, len(slots)]), dim**-0.5)
+        assert torch.equal(alone[:, 0], batched[:, r]), r
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (10, 2, 40), (4, 1, 24), (6, 3, 96)])
 def test_tree_attention_bf16_rows_are_the_rounded_head_major_result(attention, heads, kv_heads, dim) -> None:
     """rows_bf16: (N, H * D) bf16, equal bit for bit to rounding the fp32 (H, N, D) result with torch and

@@ -133,23 +133,23 @@ class TiledMatmul(TorchMatmul):
 
 class SpectotMatmul:
     """spectot's batch-invariant bf16 kernel (``kernels/bf16_linear.cpp``). With AVX512-BF16 it reads
-    weights packed once here into panels whose vector lanes are output columns: the runner then holds
-    each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
-    model), and a weight changed after the runner was built is not seen. On CPUs with AMX, forwards of
-    ``amx_rows`` rows or more run on the tile unit. One SmolLM2 forward at a 128-token context on a 2-core
-    Xeon with AMX (session 27, both paths interleaved in one run, median of 7), ms:
+        weights packed once here into panels whose vector lanes are output columns: the runner then holds
+        each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
+        model), and a weight changed after the runner was built is not seen. On CPUs with AMX, forwards of
+        ``amx_rows`` rows or more run on the tile unit. One SmolLM2 forward at a 128-token context on a 2-core
+        Xeon with AMX (session 27, both paths interleaved in one run, median of 7), ms:
 
-    | rows | 1 | 2 | 4 | 8 | 16 | 32 |
-    |---|---:|---:|---:|---:|---:|---:|
-    | AMX tiles | 15.2 | 16.4 | 15.8 | 17.6 | 20.0 | 31.4 |
-    | vdpbf16ps | 14.0 | 16.9 | 17.7 | 24.0 | 40.2 | 75.2 |
+        | rows | 1 | 2 | 4 | 8 | 16 | 32 |
+        |---|---:|---:|---:|---:|---:|---:|
+        | AMX tiles | 15.2 | 16.4 | 15.8 | 17.6 | 20.0 | 31.4 |
+        | vdpbf16ps | 14.0 | 16.9 | 17.7 | 24.0 | 40.2 | 75.2 |
 
-    The two paths round differently in about 1 output in 10^4, so the runner takes the tiles from one row
-    (``amx_rows`` = 1): every forward batch-invariant, bf16 trees equal to ``ar``'s, for 1-7 % of a one-row
-    step (with the lanes for one row, every engine's bf16 ToT tree parted from ``ar``'s on 10 of 10 GSM8K
-    problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). A draft's runner needs no batch invariance (its q is
-verified exactly whatever it is) and takes the lanes for one row (``amx_rows`` = 2, ``pick_linear``): one EDD row's
-forward + commit 560 -> 480 us on that Xeon (session 29, interleaved, three rounds)."""
+        The two paths round differently in about 1 output in 10^4, so the runner takes the tiles from one row
+        (``amx_rows`` = 1): every forward batch-invariant, bf16 trees equal to ``ar``'s, for 1-7 % of a one-row
+        step (with the lanes for one row, every engine's bf16 ToT tree parted from ``ar``'s on 10 of 10 GSM8K
+        problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). A draft's runner needs no batch invariance (its q is
+    verified exactly whatever it is) and takes the lanes for one row (``amx_rows`` = 2, ``pick_linear``): one EDD row's
+    forward + commit 560 -> 480 us on that Xeon (session 29, interleaved, three rounds)."""
 
     def __init__(self, module: Any, amx_rows: int = 1) -> None:
         self._module = module
@@ -389,6 +389,7 @@ class ModelRunner:
         lm_head = model.get_output_embeddings()
         self.dtype = lm_head.weight.dtype
         self.device = lm_head.weight.device
+        self._batch_invariant = exact_attention
         self._linear = pick_linear(self.dtype, self.device, kernels, batch_invariant=exact_attention)
         self._lm_head = self._linear.prepare(lm_head.weight, lm_head.bias)
         attn = inner.layers[0].self_attn
@@ -642,7 +643,9 @@ class ModelRunner:
         if isinstance(layout, _RowColumns):  # the native kernel reads each row's slots in place
             heads = q[0].contiguous()
             if x.dtype == torch.bfloat16:  # rows (N, H*D) in bf16 straight from the kernel, rounded as `to` rounds
-                out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling, True)
+                # a draft's one row takes the lanes (faster there; its rows need not equal other layouts')
+                tiles = self._batch_invariant or n_rows > 1
+                out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling, True, tiles)
                 return self._linear(out[None], layer.o)
             out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling)
             return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o)

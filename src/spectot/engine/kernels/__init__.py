@@ -88,7 +88,9 @@ def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torc
     input, equal to ``out.to(torch.bfloat16).transpose(0, 1).reshape(N, -1)`` without those three ops.
     Raises RuntimeError on inputs it does not take (the caller falls back to torch).
     """
-    module = _build_avx2("tree_attention", "torch attention", avx512_bf16=cpu_has("avx512_bf16"))
+    avx512_bf16 = cpu_has("avx512_bf16")
+    amx = avx512_bf16 and cpu_has("amx_tile", "amx_bf16")
+    module = _build_avx2("tree_attention", "torch attention", avx512_bf16=avx512_bf16, amx=amx)
     return None if module is None else module.tree_attention
 
 

@@ -28,6 +28,12 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#include <array>
+#include <utility>
+#ifdef __AMX_BF16__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "vec.h"
 
@@ -274,6 +280,269 @@ void attend_heads_bf16(const uint16_t* const* q, int64_t D, const uint16_t* cons
 }
 #endif
 
+#ifdef __AMX_BF16__
+// ---- The tile path: bf16 on CPUs with AMX (Intel Xeon since Sapphire Rapids), D a multiple of 32 ----
+// A verification's rows share most of their columns (their stream's cache slots) and differ in a short tail
+// (their tree ancestors), so up to 16 / G consecutive such rows form a block over the union U of their
+// columns, and each K/V row is read once for all of the block's M = rows x G queries of a kv head:
+//   scores: S^T (keys x queries) = K Q^T on the tile unit, 16 keys per tile, one TDPBF16PS per 32 dims;
+//     an element sums its own key's and query's products over d only, whatever else shares the tiles;
+//   a column a row does not see gets s = -inf there, so p = exp(s - max) = 0 exactly;
+//   softmax lane-wise over the queries (exp16: exp8 in 16 lanes), the denominator summed in double in
+//   column order; values: acc[m] = fma(p[j][m], v_j, acc[m]) in U's order, where p = 0 adds exactly 0.
+// U holds a row's columns in the row's own order (the shared prefix, then the tails' slots ascending), so
+// every quantity of a row equals what it computes in a block of its own: its output does not depend on the
+// block, the other rows or the thread. The scores' rounding differs from the vdpbf16ps path's; a machine
+// takes one path for every call. A 6-row verification at 250 columns: see tests and README.
+constexpr int64_t MAX_TAIL = 32;  // tail columns a row may bring to a block beyond the shared prefix
+
+bool amx_permitted() {  // Linux hands out the tile state only on request (once per process)
+  static const bool permitted = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return permitted;
+}
+
+struct TileConfig {  // the LDTILECFG layout, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tmm0: C (16 keys x 16 queries fp32); tmm1: A (16 keys x 32 dims); tmm2: B (16 dim pairs x 16 queries).
+void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 3; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// exp8 in 16 lanes: the same operations per lane.
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));  // x second: a NaN passes through
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, _mm512_castsi512_ps(pow2n));
+}
+
+// Rows [first, first + rows) over the columns U; lanes[j]: the queries (bit i * G + g) that see U[j].
+struct Block {
+  int64_t first, rows;
+  std::vector<int64_t> columns;
+  std::vector<uint16_t> lanes;
+};
+
+bool ascending(const int64_t* c, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (c[i] <= c[i - 1]) return false;
+  return true;
+}
+
+// Consecutive rows joined while they share all but at most MAX_TAIL of their columns with the block's first
+// row, as a prefix, and bring ascending tails (a stream's tree rows: its slots, then ancestors' new slots).
+// Any blocking gives the same results; this one only decides how much work is shared.
+std::vector<Block> make_blocks(const int64_t* cols, const int64_t* rp, int64_t N, int64_t G) {
+  const int64_t per_block = 16 / G;
+  std::vector<Block> blocks;
+  for (int64_t r = 0; r < N;) {
+    const int64_t* base = cols + rp[r];
+    const int64_t base_len = rp[r + 1] - rp[r];
+    int64_t rows = 1, prefix = base_len;
+    while (rows < per_block && r + rows < N) {
+      const int64_t c = r + rows, len = rp[c + 1] - rp[c];
+      const int64_t* row = cols + rp[c];
+      int64_t lcp = 0;
+      while (lcp < std::min(len, base_len) && row[lcp] == base[lcp]) ++lcp;
+      const int64_t shared = std::min(prefix, lcp);
+      bool fits = true;
+      for (int64_t i = r; i <= c && fits; ++i) {
+        const int64_t tail = rp[i + 1] - rp[i] - shared;
+        fits = tail <= MAX_TAIL && ascending(cols + rp[i] + shared, tail);
+      }
+      if (!fits) break;
+      prefix = shared;
+      ++rows;
+    }
+    Block block{r, rows, {}, {}};
+    const uint16_t all = static_cast<uint16_t>((1u << (rows * G)) - 1);
+    if (rows == 1) {
+      block.columns.assign(base, base + base_len);
+      block.lanes.assign(base_len, all);
+    } else {
+      std::vector<int64_t> tail;
+      for (int64_t i = r; i < r + rows; ++i) tail.insert(tail.end(), cols + rp[i] + prefix, cols + rp[i + 1]);
+      std::sort(tail.begin(), tail.end());
+      tail.erase(std::unique(tail.begin(), tail.end()), tail.end());
+      block.columns.assign(base, base + prefix);
+      block.columns.insert(block.columns.end(), tail.begin(), tail.end());
+      block.lanes.assign(block.columns.size(), 0);
+      std::fill(block.lanes.begin(), block.lanes.begin() + prefix, all);
+      for (int64_t i = 0; i < rows; ++i) {
+        const uint16_t bits = static_cast<uint16_t>(((1u << G) - 1) << (i * G));
+        for (int64_t k = rp[r + i] + prefix; k < rp[r + i + 1]; ++k) {
+          const int64_t at = std::lower_bound(tail.begin(), tail.end(), cols[k]) - tail.begin();
+          block.lanes[prefix + at] |= bits;
+        }
+      }
+    }
+    blocks.push_back(std::move(block));
+    r += rows;
+  }
+  return blocks;
+}
+
+// out[m][d] = sum_j p[16 j + m] v[j][d] / den[m] for the block's M queries, 16 dims at a time, the sum in
+// U's order as one FMA chain per element (value_tile16's chain; a p of 0 leaves it unchanged).
+template <int M>
+void weigh_values(const float* p, const uint16_t* const* v, int64_t L, int64_t D, const float* den, float* out) {
+  for (int64_t d = 0; d < D; d += 16) {
+    __m512 acc[M];
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < L; ++j) {
+      const __m512 vv = load_bf16x16(v[j] + d);
+#pragma GCC unroll 16
+      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(p[16 * j + m]), vv, acc[m]);
+    }
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) _mm512_storeu_ps(out + m * D + d, _mm512_div_ps(acc[m], _mm512_set1_ps(den[m])));
+  }
+}
+
+using WeighValues = void (*)(const float*, const uint16_t* const*, int64_t, int64_t, const float*, float*);
+
+template <int... M>
+constexpr std::array<WeighValues, sizeof...(M)> weigh_table(std::integer_sequence<int, M...>) {
+  return {&weigh_values<M + 1>...};
+}
+
+struct TileScratch {
+  std::vector<float> s;         // (L, 16) scores, then softmax numerators, key-major
+  std::vector<float> o;         // (16, D) the queries' outputs
+  std::vector<uint16_t> keys;   // (16, D) gathered key rows
+  std::vector<uint16_t> qt;     // (D / 2, 16, 2) Q^T: dim pairs x queries
+  std::vector<const uint16_t*> v;
+};
+
+// One (block, kv head) task.
+void attend_block(const Problem<uint16_t>& pb, const Block& block, int64_t hk, TileScratch& sc) {
+  const int64_t G = pb.H / pb.H_kv, D = pb.D, N = pb.N, M = block.rows * G;
+  const int64_t L = static_cast<int64_t>(block.columns.size()), slot_stride = 2 * pb.H_kv * D;
+  const int64_t* cols = block.columns.data();
+  // Q^T as dim pairs x queries, per 32 dims: pair kk of chunk c at qt[c * 256 + kk * 16 + n] (queries n =
+  // i * G + g; past M zero)
+  uint32_t* qt = reinterpret_cast<uint32_t*>(sc.qt.data());
+  std::fill(qt, qt + D / 2 * 16, 0u);
+  for (int64_t n = 0; n < M; ++n) {
+    const uint32_t* qn = reinterpret_cast<const uint32_t*>(pb.q + ((hk * G + n % G) * N + block.first + n / G) * D);
+    for (int64_t pair = 0; pair < D / 2; ++pair) qt[pair * 16 + n] = qn[pair];
+  }
+  float* s = sc.s.data();
+  const uint16_t* k0 = pb.kv + hk * D;
+  for (int64_t j0 = 0; j0 < L; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, L - j0);
+    bool contiguous = n == 16;
+    for (int64_t i = 1; i < n && contiguous; ++i) contiguous = cols[j0 + i] == cols[j0] + i;
+    const uint16_t* keys = k0 + cols[j0] * slot_stride;  // read in place: 16 consecutive slots
+    int64_t stride = slot_stride * 2;
+    if (!contiguous) {
+      for (int64_t i = 0; i < 16; ++i) {
+        uint16_t* row = sc.keys.data() + i * D;
+        if (i < n) std::memcpy(row, k0 + cols[j0 + i] * slot_stride, D * 2);
+        else std::memset(row, 0, D * 2);
+      }
+      keys = sc.keys.data();
+      stride = D * 2;
+    }
+    _tile_zero(0);
+    for (int64_t c = 0; c < D / 32; ++c) {
+      _tile_loadd(1, keys + 32 * c, stride);
+      _tile_loadd(2, sc.qt.data() + 512 * c, 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, s + 16 * j0, 64);
+  }
+  const __m512 scale = _mm512_set1_ps(pb.scale), none = _mm512_set1_ps(-INFINITY);
+  __m512 top = none;
+  for (int64_t j = 0; j < L; ++j) {  // scaled scores, -inf where a query does not see the column; their max
+    const __m512 sj = _mm512_mask_mul_ps(none, block.lanes[j], _mm512_loadu_ps(s + 16 * j), scale);
+    _mm512_storeu_ps(s + 16 * j, sj);
+    top = _mm512_max_ps(top, sj);
+  }
+  __m512d sum_lo = _mm512_setzero_pd(), sum_hi = _mm512_setzero_pd();
+  for (int64_t j = 0; j < L; ++j) {  // numerators, and their sum per query in column order, in double
+    const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * j), top));
+    _mm512_storeu_ps(s + 16 * j, p);
+    sum_lo = _mm512_add_pd(sum_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+    sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
+  }
+  alignas(64) float den[16];
+  _mm256_storeu_ps(den, _mm512_cvtpd_ps(sum_lo));
+  _mm256_storeu_ps(den + 8, _mm512_cvtpd_ps(sum_hi));
+  for (int64_t j = 0; j < L; ++j) sc.v[j] = pb.kv + cols[j] * slot_stride + (pb.H_kv + hk) * D;
+  static constexpr auto weigh = weigh_table(std::make_integer_sequence<int, 16>{});
+  weigh[M - 1](s, sc.v.data(), L, D, den, sc.o.data());
+  for (int64_t n = 0; n < M; ++n) {
+    const int64_t h = hk * G + n % G, r = block.first + n / G;
+    const float* o = sc.o.data() + n * D;
+    if (pb.rows_out) {
+      uint16_t* dst = pb.rows_out + r * pb.H * D + h * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = spectot::to_bf16(o[d]);
+    } else {
+      std::memcpy(pb.out + (h * N + r) * D, o, D * 4);
+    }
+  }
+}
+
+void run_tiles(const Problem<uint16_t>& pb) {
+  const int64_t G = pb.H / pb.H_kv;
+  const auto blocks = make_blocks(pb.columns, pb.row_ptr, pb.N, G);
+  // tasks (block, kv head), dealt to the threads largest first onto the least loaded (a thread's share only)
+  std::vector<std::pair<int64_t, int64_t>> tasks;
+  size_t longest = 0;
+  for (int64_t b = 0; b < static_cast<int64_t>(blocks.size()); ++b) {
+    longest = std::max(longest, blocks[b].columns.size());
+    for (int64_t hk = 0; hk < pb.H_kv; ++hk) tasks.emplace_back(b, hk);
+  }
+  auto cost = [&](const std::pair<int64_t, int64_t>& t) {
+    return static_cast<int64_t>(blocks[t.first].columns.size()) * (blocks[t.first].rows * G + 4);
+  };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
+  const int64_t parts = std::min<int64_t>(static_cast<int64_t>(tasks.size()), at::get_num_threads());
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> share(parts);
+  std::vector<int64_t> load(parts, 0);
+  for (const auto& t : tasks) {
+    const int64_t p = std::min_element(load.begin(), load.end()) - load.begin();
+    share[p].push_back(t);
+    load[p] += cost(t);
+  }
+  const int64_t padded = (static_cast<int64_t>(longest) + 15) / 16 * 16;
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    TileScratch sc{std::vector<float>(padded * 16), std::vector<float>(16 * pb.D), std::vector<uint16_t>(16 * pb.D),
+                   std::vector<uint16_t>(pb.D / 32 * 512), std::vector<const uint16_t*>(longest)};
+    for (int64_t p = begin; p < end; ++p)
+      for (const auto& [b, hk] : share[p]) attend_block(pb, blocks[b], hk, sc);
+    _tile_release();
+  });
+}
+#endif
+
 // Scratch one thread reuses across its tasks.
 struct Scratch {
   std::vector<float> o;        // (G, D) the group's outputs before rounding, for a bf16 row-major result
@@ -384,7 +653,7 @@ void run(const Problem<T>& pb, int64_t max_len) {
 }  // namespace
 
 torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor columns, torch::Tensor row_ptr,
-                             double scale, bool rows_bf16) {
+                             double scale, bool rows_bf16, bool tiles) {
   TORCH_CHECK(q.device().is_cpu() && kv.device().is_cpu() && columns.device().is_cpu() && row_ptr.device().is_cpu(),
               "tree_attention: all tensors must be on the CPU");
   TORCH_CHECK(q.dim() == 3, "tree_attention: q must be (H, N, D), got ", q.sizes());
@@ -428,12 +697,25 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor co
     run(Problem<float>{q.data_ptr<float>(), kv.data_ptr<float>(), cols, rp, op, nullptr, H, N, H_kv, D, s}, max_len);
   } else {
     auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    run(Problem<uint16_t>{bits(q), bits(kv), cols, rp, op, rows, H, N, H_kv, D, s}, max_len);
+    const Problem<uint16_t> pb{bits(q), bits(kv), cols, rp, op, rows, H, N, H_kv, D, s};
+#ifdef __AMX_BF16__
+    if (tiles && D % 32 == 0 && H / H_kv <= 16 && amx_permitted()) {
+      run_tiles(pb);
+      return out;
+    }
+#endif
+    run(pb, max_len);
   }
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &tree_attention, "batch-invariant attention over CSR columns (AVX2)", py::arg("q"),
-        py::arg("kv"), py::arg("columns"), py::arg("row_ptr"), py::arg("scale"), py::arg("rows_bf16") = false);
+        py::arg("kv"), py::arg("columns"), py::arg("row_ptr"), py::arg("scale"), py::arg("rows_bf16") = false,
+        py::arg("tiles") = true);
+#ifdef __AMX_BF16__
+  m.def("tiles", &amx_permitted, "whether this build's tile path can run here");
+#else
+  m.def("tiles", [] { return false; }, "whether this build's tile path can run here");
+#endif
 }
