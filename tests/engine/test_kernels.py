@@ -96,6 +96,31 @@ def test_bf16_tree_logits_equal_ar_logits_bit_for_bit(tiny_model) -> None:
         assert torch.equal(tree[i], step)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("exact", [True, False])  # a target's runner, a draft's (other matmul and attention paths)
+def test_the_native_layer_loop_equals_the_python_loop_bit_for_bit(tiny_model, family: str, exact: bool) -> None:
+    """decoder_stack.cpp runs the runner's layer loop in one call: logits, the hidden states a draft reads and
+    the keys and values it writes must be the Python loop's, for one row and for trees."""
+    model = tiny_model.__wrapped__(family, 1).to(torch.bfloat16)
+    runner = ModelRunner(model, kernels="spectot", exact_attention=exact)
+    if runner._stack is None:
+        pytest.skip("the native layer loop did not build here")
+    stack = runner._stack
+    sid = runner.new_stream()
+    runner.forward([StreamTree(sid, TokenTree.chain([5, 9, 2, 31, 7, 4, 4, 8]))])
+    runner.commit_all()
+    for tree in (TokenTree.chain([11]), TokenTree(torch.tensor([3, 40, 8, 2, 6]), torch.tensor([-1, 0, 0, 1, 3]))):
+        results = []
+        for native in (stack, None):
+            runner._stack = native
+            out = runner.forward([StreamTree(sid, tree)], hidden_layer=-2)
+            written = runner.cache.buffer[:, runner.cache.used - len(tree) : runner.cache.used].clone()
+            runner.commit({})
+            results.append((out.logits[0], out.hidden[0], written))
+        for native, python in zip(*results):
+            assert torch.equal(native, python)
+
+
 def test_bf16_greedy_sd_equals_ar(tiny_model) -> None:
     model = tiny_model.__wrapped__("llama", 3).to(torch.bfloat16)
     decoder = Decoder(ModelRunner(model, kernels="spectot"), proposer=NgramProposer())

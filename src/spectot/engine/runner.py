@@ -410,6 +410,33 @@ class ModelRunner:
         self._attention_dtype = torch.float64 if exact_attention else self.dtype
         self._kernel = pick_attention_kernel(self.dtype, self.device, self.head_dim) if native_attention else None
         self._ops = pick_decoder_ops(config, self.dtype, self.device, kernels)
+        self._stack = self._decoder_stack()
+
+    def _decoder_stack(self) -> Any | None:
+        """The layer loop as one native call (``kernels/decoder_stack.cpp``) where every kernel the loop runs is
+        spectot's (bf16 on an x86 CPU): the same kernels in the same order, so the same results. Measured on a
+        2-core Xeon (session 29): see ``_run``."""
+        if self._ops is None or self._kernel is None or not isinstance(self._linear, SpectotMatmul):
+            return None
+        from spectot.engine.kernels import decoder_stack
+
+        module = decoder_stack()
+        if module is None:
+            return None
+        stack = module.DecoderStack(self._q_heads, self.num_kv_heads)
+        for layer in self._layers:
+            stack.add_layer(
+                layer.input_norm.weight.detach(),
+                layer.input_norm.variance_epsilon,
+                *(layer.qkv.data, layer.qkv.bias, layer.qkv.out_features),
+                *(layer.o.data, layer.o.bias, layer.o.out_features),
+                layer.scaling,
+                layer.post_norm.weight.detach(),
+                layer.post_norm.variance_epsilon,
+                *(layer.gate_up.data, layer.gate_up.bias, layer.gate_up.out_features),
+                *(layer.down.data, layer.down.bias, layer.down.out_features),
+            )
+        return stack
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         """A weight in the layout of the runner's matmul, for ``linear`` (a draft's own projections)."""
@@ -572,11 +599,19 @@ class ModelRunner:
         x = embeds[None]  # (1, N, H)
         rope = self._rope(x, positions, span)
         hidden = x[0] if hidden_index == 0 else None
-        for i, layer in enumerate(self._layers):
-            x = x + self._attention(i, layer, self._rms_norm(layer.input_norm, x), rope, layout, start)
-            x = x + self._mlp(layer, self._rms_norm(layer.post_norm, x))
-            if hidden_index == i + 1 < len(self._layers):
-                hidden = x[0]
+        if self._stack is not None and isinstance(layout, _RowColumns):  # the loop below in one native call
+            after = hidden_index if hidden_index is not None and 0 < hidden_index < len(self._layers) else 0
+            tiles = self._batch_invariant or embeds.shape[0] > 1  # as _attention picks
+            last, mid = self._stack.forward(
+                embeds, *rope, self.cache.buffer, start, layout.columns, layout.row_ptr, linear.amx_rows, tiles, after
+            )
+            x, hidden = last[None], mid if after else hidden
+        else:
+            for i, layer in enumerate(self._layers):
+                x = x + self._attention(i, layer, self._rms_norm(layer.input_norm, x), rope, layout, start)
+                x = x + self._mlp(layer, self._rms_norm(layer.post_norm, x))
+                if hidden_index == i + 1 < len(self._layers):
+                    hidden = x[0]
         final_hidden = hidden_index == len(self._layers)
         x = x[0] if rows is None or final_hidden else x[0, rows]  # the norm is per row: select first
         x = self._rms_norm(self._norm, x)

@@ -11,6 +11,9 @@ its columns, in order, so a tree forward reproduces the AR step bit for bit with
 ``decoder_ops`` (``decoder_ops.cpp``): a Llama-family layer's small bf16 ops (RMSNorm, rotary + KV
 write, SwiGLU gate) as one call each, row-wise in a fixed order.
 
+``decoder_stack`` (``decoder_stack.cpp``): the runner's whole layer loop in one call over the kernels above
+(compiled into it), with the same results as the loop.
+
 Builds land in ``$SPECTOT_HOME/kernels/<torch version>/<module>``; when a build is impossible (another CPU,
 no compiler or ninja) the loaders return None and callers fall back to torch.
 """
@@ -99,3 +102,13 @@ def decoder_ops() -> Any | None:
     """The module with ``rms_norm(x, weight, eps)``, ``rope_store(qkv, cos, sin, new_kv, Hq, Hkv) -> q``
     and ``silu_mul(gate_up)`` (see ``decoder_ops.cpp``), or None where it cannot be built."""
     return _build_avx2("decoder_ops", "torch's ops")
+
+
+@cache  # one build per process; the compiled module is immutable
+def decoder_stack() -> Any | None:
+    """The module with ``DecoderStack(q_heads, kv_heads)`` (``add_layer``, then ``forward``: see
+    ``decoder_stack.cpp``), or None where it cannot be built. Built with the same instruction sets as
+    ``bf16_linear`` and ``tree_attention``, whose sources it compiles in."""
+    avx512_bf16 = cpu_has("avx512_bf16")
+    amx = avx512_bf16 and cpu_has("amx_tile", "amx_bf16")
+    return _build_avx2("decoder_stack", "the runner's layer loop", avx512_bf16=avx512_bf16, amx=amx)

@@ -378,6 +378,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
 
 }  // namespace
 
+#ifndef SPECTOT_STACK  // decoder_stack.cpp includes this file for its kernels, not its module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "weights (N, K) in the kernel's layout");
   m.def("linear", &linear, "batch-invariant bf16 x W^T (+ b) over pack()ed weights; N = W's rows; AMX from amx_rows rows");
@@ -387,3 +388,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx", [] { return false; }, "whether this build's tile path can run here");
 #endif
 }
+#endif

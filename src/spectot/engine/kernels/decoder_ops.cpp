@@ -170,8 +170,10 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 
+#ifndef SPECTOT_STACK  // decoder_stack.cpp includes this file for its kernels, not its module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, bf16, row-wise fixed order");
   m.def("rope_store", &rope_store, "rotary q and k, k and v into the cache slots, q as (Hq, N, D)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up projection, bf16");
 }
+#endif

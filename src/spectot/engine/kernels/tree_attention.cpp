@@ -709,6 +709,7 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor co
   return out;
 }
 
+#ifndef SPECTOT_STACK  // decoder_stack.cpp includes this file for its kernels, not its module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &tree_attention, "batch-invariant attention over CSR columns (AVX2)", py::arg("q"),
         py::arg("kv"), py::arg("columns"), py::arg("row_ptr"), py::arg("scale"), py::arg("rows_bf16") = false,
@@ -719,3 +720,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiles", [] { return false; }, "whether this build's tile path can run here");
 #endif
 }
+#endif

@@ -1,0 +1,122 @@
+// Every decoder layer of a forward in one call: the runner's layer loop (runner.py, ``_run``) in C++ over
+// spectot's own kernels, for bf16 Llama-family layers on the CPU.
+//
+// Why: each layer of that loop is ~12 Python-level calls (norms, projections, rotary + KV write,
+// attention, SwiGLU, residual adds), ~5 us each in dispatch before any arithmetic; over SmolLM2's 30
+// layers that is milliseconds a forward, and nearly all of a one-layer draft's non-matmul time. Here the
+// same kernels run in the same order on the same tensors (the residual adds are torch's own bf16 add), so
+// a forward's results equal the Python loop's bit for bit -- the tests hold the two paths to that.
+//
+// The kernels' sources are compiled into this module, each in a namespace of its own (their helpers
+// share names); SPECTOT_STACK leaves their Python modules out.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#ifdef __AMX_BF16__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "vec.h"
+
+#define SPECTOT_STACK
+namespace linear_kernel {
+#include "bf16_linear.cpp"
+}
+namespace attention_kernel {
+#include "tree_attention.cpp"
+}
+namespace layer_ops {
+#include "decoder_ops.cpp"
+}
+
+namespace {
+
+struct Projection {  // a weight packed by bf16_linear's pack(), its bias and output width
+  torch::Tensor packed;
+  c10::optional<torch::Tensor> bias;
+  int64_t out_features;
+
+  torch::Tensor operator()(const torch::Tensor& x, int64_t amx_rows) const {
+    return linear_kernel::linear(x, packed, bias, out_features, amx_rows);
+  }
+};
+
+struct Layer {
+  torch::Tensor input_norm;
+  double input_eps;
+  Projection qkv, o;
+  double scaling;
+  torch::Tensor post_norm;
+  double post_eps;
+  Projection gate_up, down;
+};
+
+}  // namespace
+
+class DecoderStack {
+ public:
+  DecoderStack(int64_t q_heads, int64_t kv_heads) : q_heads_(q_heads), kv_heads_(kv_heads) {}
+
+  void add_layer(torch::Tensor input_norm, double input_eps, torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias,
+                 int64_t qkv_out, torch::Tensor o, c10::optional<torch::Tensor> o_bias, int64_t o_out, double scaling,
+                 torch::Tensor post_norm, double post_eps, torch::Tensor gate_up,
+                 c10::optional<torch::Tensor> gate_up_bias, int64_t gate_up_out, torch::Tensor down,
+                 c10::optional<torch::Tensor> down_bias, int64_t down_out) {
+    layers_.push_back(Layer{input_norm, input_eps, {qkv, qkv_bias, qkv_out}, {o, o_bias, o_out}, scaling, post_norm,
+                            post_eps, {gate_up, gate_up_bias, gate_up_out}, {down, down_bias, down_out}});
+  }
+
+  // x (N, H) bf16: the rows' input vectors; cos, sin (N, D) at their positions; buffer (layers, capacity, 2,
+  // H_kv, D): the KV cache, whose slots start .. start + N - 1 receive the rows' keys and values; columns and
+  // row_ptr: each row's cache slots in attention order (tree_attention's layout). Returns [x after the last
+  // layer, x after layer `hidden_after` (1-based; undefined for 0)]. amx_rows, tiles: the matmul's and the
+  // attention's paths (as the runner passes them to each kernel).
+  std::vector<torch::Tensor> forward(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                     const torch::Tensor& buffer, int64_t start, const torch::Tensor& columns,
+                                     const torch::Tensor& row_ptr, int64_t amx_rows, bool tiles,
+                                     int64_t hidden_after) const {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x must be (N, H) bf16");
+    TORCH_CHECK(buffer.dim() == 5 && buffer.size(0) == static_cast<int64_t>(layers_.size()),
+                "buffer must be (layers, capacity, 2, H_kv, D) with one entry per layer");
+    const int64_t n = x.size(0);
+    TORCH_CHECK(start >= 0 && start + n <= buffer.size(1), "the new slots lie outside the cache");
+    x = x.contiguous();
+    torch::Tensor hidden;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      const torch::Tensor kv = buffer.select(0, static_cast<int64_t>(i));
+      torch::Tensor h = layer_ops::rms_norm(x, layer.input_norm, layer.input_eps);
+      const torch::Tensor q = layer_ops::rope_store(layer.qkv(h, amx_rows), cos, sin, kv.narrow(0, start, n),
+                                                    q_heads_, kv_heads_);
+      const torch::Tensor heads =
+          attention_kernel::tree_attention(q, kv, columns, row_ptr, layer.scaling, true, tiles);
+      x = x + layer.o(heads, amx_rows);
+      h = layer_ops::rms_norm(x, layer.post_norm, layer.post_eps);
+      x = x + layer.down(layer_ops::silu_mul(layer.gate_up(h, amx_rows)), amx_rows);
+      if (static_cast<int64_t>(i) + 1 == hidden_after) hidden = x;
+    }
+    return {x, hidden};
+  }
+
+ private:
+  int64_t q_heads_, kv_heads_;
+  std::vector<Layer> layers_;
+};
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<DecoderStack>(m, "DecoderStack")
+      .def(py::init<int64_t, int64_t>(), py::arg("q_heads"), py::arg("kv_heads"))
+      .def("add_layer", &DecoderStack::add_layer)
+      .def("forward", &DecoderStack::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("buffer"),
+           py::arg("start"), py::arg("columns"), py::arg("row_ptr"), py::arg("amx_rows"), py::arg("tiles"),
+           py::arg("hidden_after"));
+}
