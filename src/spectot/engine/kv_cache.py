@@ -49,6 +49,15 @@ class _Stream:
         self.length = need
         self.top = max(self.top, int(new_slots.max()))
 
+    def append_range(self, first: int, n: int) -> None:
+        """append(arange(first, first + n)) without the index tensor where n == 1."""
+        if n == 1 and self.length < self.slots.numel():
+            self.slots[self.length] = first
+            self.length += 1
+            self.top = max(self.top, first)
+        elif n:
+            self.append(torch.arange(first, first + n))
+
     def cut(self, length: int) -> None:
         self.length = length
         self.top = int(self.view().max()) if length else -1
@@ -142,6 +151,12 @@ class FlatKVCache:
         """Append already-written slots to a stream's path."""
         self.streams[sid].append(slots)
         self.refcount[slots] += 1
+
+    def hold_range(self, sid: int, first: int, n: int) -> None:
+        """``hold`` of the consecutive slots first .. first + n - 1 (a prefill, an AR step, a kept chain), by
+        slices rather than index tensors."""
+        self.streams[sid].append_range(first, n)
+        self.refcount[first : first + n] += 1
 
     def drop_tail(self, start: int, check: bool = True) -> None:
         """Delete the tail slots ``start..used``, reserved and held by no stream (a scratch forward); ``check``

@@ -715,7 +715,7 @@ class ModelRunner:
         if all(st.tree.is_chain and nodes == list(range(len(st.tree))) for st, nodes in zip(pending.trees, paths)):
             for st, offset in zip(pending.trees, pending.offsets):  # every node kept (a prefill, an AR step): no
                 first = pending.start + offset  # mask, nothing to remove
-                self.cache.hold(st.stream, torch.arange(first, first + len(st.tree)))
+                self.cache.hold_range(st.stream, first, len(st.tree))
             return
         for st, nodes in zip(pending.trees, paths):  # validate everything before touching the cache
             if nodes and (not 0 <= nodes[-1] < len(st.tree) or nodes != st.tree.path_to(nodes[-1])):

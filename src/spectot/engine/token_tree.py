@@ -16,6 +16,7 @@ Worked example, a stream of 7 committed tokens and the tree
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -24,8 +25,6 @@ import torch
 class TokenTree:
     tokens: torch.Tensor  # (n,) int64
     parents: torch.Tensor  # (n,) int64, parents[0] == -1, parents[i] < i
-    depths: torch.Tensor = field(init=False)  # (n,) int64
-    ancestors: torch.Tensor = field(init=False)  # (n, n) bool, ancestor-or-self
     is_chain: bool = field(init=False)  # parents = [-1, 0, 1, ...]
     depth: int = field(init=False)  # the deepest node's depth (n - 1 for a chain)
 
@@ -37,26 +36,39 @@ class TokenTree:
         if any(not 0 <= p < i for i, p in enumerate(parents[1:], start=1)):
             raise ValueError(f"every parent must be an earlier node: parents={parents}")
         object.__setattr__(self, "is_chain", parents == list(range(-1, n - 1)))
-        if self.is_chain:
-            object.__setattr__(self, "depth", n - 1)  # a prefill, an AR step, a chain draft: no loop
-            object.__setattr__(self, "depths", torch.arange(n))
-            object.__setattr__(self, "ancestors", torch.ones(n, n, dtype=torch.bool).tril_())
-            return
-        depths = [0] * n
+        object.__setattr__(self, "depth", n - 1 if self.is_chain else max(self._depth_list))
+
+    # depths and ancestors are built when first read: the runner's chain paths (an AR step, a draft's
+    # one-node step) need neither, and building them was a third of such a step's tree overhead
+    @cached_property
+    def _depth_list(self) -> list[int]:
+        parents = self.parents.tolist()
+        depths = [0] * len(parents)
         for i, p in enumerate(parents[1:], start=1):
             depths[i] = depths[p] + 1
+        return depths
+
+    @cached_property
+    def depths(self) -> torch.Tensor:
+        """(n,) int64: each node's depth below the root."""
+        return torch.arange(len(self)) if self.is_chain else torch.tensor(self._depth_list)
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        """(n, n) bool, ancestor-or-self: row i sees column j."""
+        n = len(self)
+        if self.is_chain:
+            return torch.ones(n, n, dtype=torch.bool).tril_()
         ancestors = torch.eye(n, dtype=torch.bool)
-        depth_of = torch.tensor(depths)
         if n <= 16:  # a row inherits its parent's row: row by row for small trees,
-            for i, p in enumerate(parents[1:], start=1):
+            for i, p in enumerate(self.parents.tolist()[1:], start=1):
                 ancestors[i] |= ancestors[p]
         else:  # level by level for large ones
-            for d in range(1, max(depths) + 1):
+            depth_of = self.depths
+            for d in range(1, self.depth + 1):
                 level = (depth_of == d).nonzero().squeeze(1)
                 ancestors[level] |= ancestors[self.parents[level]]
-        object.__setattr__(self, "depths", depth_of)
-        object.__setattr__(self, "depth", max(depths))
-        object.__setattr__(self, "ancestors", ancestors)
+        return ancestors
 
     @classmethod
     def chain(cls, tokens: torch.Tensor | list[int]) -> TokenTree:

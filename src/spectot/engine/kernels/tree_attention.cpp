@@ -64,6 +64,10 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 
 using spectot::exp8;
+#ifdef __AVX512F__
+using spectot::exp16;
+using spectot::load_bf16x16;
+#endif
 
 // One inputs view; kv is slot-major (capacity, 2, H_kv, D): keys at [slot, 0], values at [slot, 1].
 template <typename T>
@@ -226,10 +230,6 @@ inline void score_bf16(const uint16_t* q, int64_t D, const uint16_t* const* k, i
   }
 }
 
-// 16 bf16 -> 16 fp32, exact.
-inline __m512 load_bf16x16(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
 
 // value_tile in 16 lanes: DB blocks of 16 dims. Lanes never mix, so every element runs the same FMA chain
 // over the columns in order (and the same division) as in value_tile: the results are equal bit for bit,
@@ -318,26 +318,6 @@ void configure_tiles() {
     config.colsb[t] = 64;
   }
   _tile_loadconfig(&config);
-}
-
-// exp8 in 16 lanes: the same operations per lane.
-inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));  // x second: a NaN passes through
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, _mm512_castsi512_ps(pow2n));
 }
 
 // Rows [first, first + rows) over the columns U; lanes[j]: the queries (bit i * G + g) that see U[j].

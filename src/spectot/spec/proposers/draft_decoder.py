@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Literal
 
 import torch
@@ -314,7 +315,7 @@ class DraftDecoderProposer:
     def _policy_for(self, r: DraftRequest) -> TreePolicy:
         if r.policy is not None:
             return r.policy
-        return self.policy if self.policy is not None else StaticPolicy(tuple(chain_tree(max(r.k, 1) + 1)))
+        return self.policy if self.policy is not None else _chain_policy(max(r.k, 1) + 1)
 
     def _room(self, r: DraftRequest) -> int:
         return self.runner.max_context - r.tokens.numel()
@@ -323,6 +324,11 @@ class DraftDecoderProposer:
         """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
         if key in self._streams:
             self.prefixes.keep(self._streams.pop(key), self._committed.pop(key).tolist())
+
+
+@cache  # a static policy only reads its shape: one per chain length serves every step
+def _chain_policy(k: int) -> StaticPolicy:
+    return StaticPolicy(tuple(chain_tree(k)))
 
 
 def _graft_into(block: _Block, branch: Sequence[int], accept: float) -> list[float]:
