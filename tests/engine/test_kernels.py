@@ -109,16 +109,28 @@ def test_the_native_layer_loop_equals_the_python_loop_bit_for_bit(tiny_model, fa
     sid = runner.new_stream()
     runner.forward([StreamTree(sid, TokenTree.chain([5, 9, 2, 31, 7, 4, 4, 8]))])
     runner.commit_all()
-    for tree in (TokenTree.chain([11]), TokenTree(torch.tensor([3, 40, 8, 2, 6]), torch.tensor([-1, 0, 0, 1, 3]))):
+    trees = [TokenTree.chain([11]), TokenTree(torch.tensor([3, 40, 8, 2, 6]), torch.tensor([-1, 0, 0, 1, 3]))]
+    for tree, hidden in [(trees[0], -2), (trees[0], None), (trees[1], -2)]:  # None: the one-row path
         results = []
         for native in (stack, None):
             runner._stack = native
-            out = runner.forward([StreamTree(sid, tree)], hidden_layer=-2)
+            out = runner.forward([StreamTree(sid, tree)], hidden_layer=hidden)
             written = runner.cache.buffer[:, runner.cache.used - len(tree) : runner.cache.used].clone()
             runner.commit({})
-            results.append((out.logits[0], out.hidden[0], written))
+            results.append((out.logits[0], written) + (() if hidden is None else (out.hidden[0],)))
         for native, python in zip(*results):
             assert torch.equal(native, python)
+    # kept one-row steps leave the cache as the general path does, past a grown path buffer (64 slots) too
+    paths = []
+    for native in (stack, None):
+        runner._stack = native
+        fork = runner.new_stream(sid)
+        for token in range(70):
+            runner.forward([StreamTree(fork, TokenTree.chain([token % 30]))])
+            runner.commit_all()
+        paths.append(runner.cache.slots(fork).clone())
+        runner.release(fork)
+    assert torch.equal(paths[0], paths[1])
 
 
 def test_bf16_greedy_sd_equals_ar(tiny_model) -> None:

@@ -107,6 +107,18 @@ class FlatKVCache:
     def slots(self, sid: int) -> torch.Tensor:
         return self.streams[sid].view()
 
+    def path_with(self, sid: int, slot: int) -> torch.Tensor:
+        """The stream's slots followed by ``slot``, as a view of its path buffer: the entry past the path's end is
+        scratch until ``hold`` writes it for good (the same value, for a kept one-row step), so a one-row
+        forward's attention columns need no copy. Use the view before the stream changes."""
+        stream = self.streams[sid]
+        if stream.length == stream.slots.numel():
+            grown = torch.empty(2 * stream.slots.numel(), dtype=torch.int64)
+            grown[: stream.length] = stream.view()
+            stream.slots = grown
+        stream.slots[stream.length] = slot
+        return stream.slots[: stream.length + 1]
+
     def truncate(self, sid: int, length: int) -> None:
         """Drop a stream's tokens after ``length`` (a rollback); slots nobody holds are freed."""
         stream = self.streams[sid]
