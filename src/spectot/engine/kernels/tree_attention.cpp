@@ -333,24 +333,63 @@ bool ascending(const int64_t* c, int64_t n) {
   return true;
 }
 
-// Consecutive rows joined while they share all but at most MAX_TAIL of their columns with the block's first
-// row, as a prefix, and bring ascending tails (a stream's tree rows: its slots, then ancestors' new slots).
-// Any blocking gives the same results; this one only decides how much work is shared.
+int64_t common_prefix(const int64_t* a, int64_t a_len, const int64_t* b, int64_t b_len) {
+  int64_t n = 0;
+  while (n < std::min(a_len, b_len) && a[n] == b[n]) ++n;
+  return n;
+}
+
+// Rows [first, first + rows) over the union of their columns: their common prefix with the first row, then the
+// distinct slots of their tails beyond it, ascending (make_blocks checked each tail is ascending).
+Block block_of(const int64_t* cols, const int64_t* rp, int64_t first, int64_t rows, int64_t G) {
+  const int64_t* base = cols + rp[first];
+  const int64_t base_len = rp[first + 1] - rp[first];
+  int64_t prefix = base_len;
+  for (int64_t i = first + 1; i < first + rows; ++i)
+    prefix = std::min(prefix, common_prefix(base, base_len, cols + rp[i], rp[i + 1] - rp[i]));
+  Block block{first, rows, {}, {}};
+  const uint16_t all = static_cast<uint16_t>((1u << (rows * G)) - 1);
+  if (rows == 1) {
+    block.columns.assign(base, base + base_len);
+    block.lanes.assign(base_len, all);
+    return block;
+  }
+  std::vector<int64_t> tail;
+  for (int64_t i = first; i < first + rows; ++i) tail.insert(tail.end(), cols + rp[i] + prefix, cols + rp[i + 1]);
+  std::sort(tail.begin(), tail.end());
+  tail.erase(std::unique(tail.begin(), tail.end()), tail.end());
+  block.columns.assign(base, base + prefix);
+  block.columns.insert(block.columns.end(), tail.begin(), tail.end());
+  block.lanes.assign(block.columns.size(), 0);
+  std::fill(block.lanes.begin(), block.lanes.begin() + prefix, all);
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint16_t bits = static_cast<uint16_t>(((1u << G) - 1) << (i * G));
+    for (int64_t k = rp[first + i] + prefix; k < rp[first + i + 1]; ++k) {
+      const int64_t at = std::lower_bound(tail.begin(), tail.end(), cols[k]) - tail.begin();
+      block.lanes[prefix + at] |= bits;
+    }
+  }
+  return block;
+}
+
+// Runs of consecutive rows that share all but at most MAX_TAIL of their columns with the run's first row, as a
+// prefix, and bring ascending tails (a stream's tree rows: its slots, then ancestors' new slots), each run split
+// into blocks of at most 16 / G rows of near-equal size (6 rows at G = 3: 3 + 3, so the threads get equal work).
+// Any part of a run keeps both properties (a longer shared prefix, shorter tails), and any blocking gives the same
+// results: this only decides how much work is shared.
 std::vector<Block> make_blocks(const int64_t* cols, const int64_t* rp, int64_t N, int64_t G) {
+  constexpr int64_t MAX_RUN = 64;
   const int64_t per_block = 16 / G;
   std::vector<Block> blocks;
   for (int64_t r = 0; r < N;) {
     const int64_t* base = cols + rp[r];
     const int64_t base_len = rp[r + 1] - rp[r];
     int64_t rows = 1, prefix = base_len;
-    while (rows < per_block && r + rows < N) {
-      const int64_t c = r + rows, len = rp[c + 1] - rp[c];
-      const int64_t* row = cols + rp[c];
-      int64_t lcp = 0;
-      while (lcp < std::min(len, base_len) && row[lcp] == base[lcp]) ++lcp;
-      const int64_t shared = std::min(prefix, lcp);
-      bool fits = true;
-      for (int64_t i = r; i <= c && fits; ++i) {
+    while (rows < MAX_RUN && r + rows < N) {
+      const int64_t c = r + rows;
+      const int64_t shared = std::min(prefix, common_prefix(base, base_len, cols + rp[c], rp[c + 1] - rp[c]));
+      bool fits = true;  // every row's tail beyond the run's prefix (the earlier rows' again where it shrank)
+      for (int64_t i = shared == prefix ? c : r; i <= c && fits; ++i) {
         const int64_t tail = rp[i + 1] - rp[i] - shared;
         fits = tail <= MAX_TAIL && ascending(cols + rp[i] + shared, tail);
       }
@@ -358,29 +397,12 @@ std::vector<Block> make_blocks(const int64_t* cols, const int64_t* rp, int64_t N
       prefix = shared;
       ++rows;
     }
-    Block block{r, rows, {}, {}};
-    const uint16_t all = static_cast<uint16_t>((1u << (rows * G)) - 1);
-    if (rows == 1) {
-      block.columns.assign(base, base + base_len);
-      block.lanes.assign(base_len, all);
-    } else {
-      std::vector<int64_t> tail;
-      for (int64_t i = r; i < r + rows; ++i) tail.insert(tail.end(), cols + rp[i] + prefix, cols + rp[i + 1]);
-      std::sort(tail.begin(), tail.end());
-      tail.erase(std::unique(tail.begin(), tail.end()), tail.end());
-      block.columns.assign(base, base + prefix);
-      block.columns.insert(block.columns.end(), tail.begin(), tail.end());
-      block.lanes.assign(block.columns.size(), 0);
-      std::fill(block.lanes.begin(), block.lanes.begin() + prefix, all);
-      for (int64_t i = 0; i < rows; ++i) {
-        const uint16_t bits = static_cast<uint16_t>(((1u << G) - 1) << (i * G));
-        for (int64_t k = rp[r + i] + prefix; k < rp[r + i + 1]; ++k) {
-          const int64_t at = std::lower_bound(tail.begin(), tail.end(), cols[k]) - tail.begin();
-          block.lanes[prefix + at] |= bits;
-        }
-      }
+    const int64_t parts = (rows + per_block - 1) / per_block;
+    for (int64_t p = 0, first = r; p < parts; ++p) {
+      const int64_t size = rows / parts + (p < rows % parts ? 1 : 0);
+      blocks.push_back(block_of(cols, rp, first, size, G));
+      first += size;
     }
-    blocks.push_back(std::move(block));
     r += rows;
   }
   return blocks;
