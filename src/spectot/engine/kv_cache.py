@@ -37,21 +37,26 @@ class _Stream:
     def view(self) -> torch.Tensor:
         return self.slots[: self.length]
 
-    def append(self, new_slots: torch.Tensor) -> None:
-        if new_slots.numel() == 0:
-            return
-        need = self.length + new_slots.numel()
+    def reserve(self, need: int) -> None:
+        """Room for ``need`` path entries (the buffer at least doubles when it grows)."""
         if need > self.slots.numel():
             grown = torch.empty(max(need, 2 * self.slots.numel()), dtype=torch.int64)
             grown[: self.length] = self.view()
             self.slots = grown
+
+    def append(self, new_slots: torch.Tensor) -> None:
+        if new_slots.numel() == 0:
+            return
+        need = self.length + new_slots.numel()
+        self.reserve(need)
         self.slots[self.length : need] = new_slots
         self.length = need
         self.top = max(self.top, int(new_slots.max()))
 
     def append_range(self, first: int, n: int) -> None:
         """append(arange(first, first + n)) without the index tensor where n == 1."""
-        if n == 1 and self.length < self.slots.numel():
+        if n == 1:
+            self.reserve(self.length + 1)
             self.slots[self.length] = first
             self.length += 1
             self.top = max(self.top, first)
@@ -112,10 +117,7 @@ class FlatKVCache:
         scratch until ``hold`` writes it for good (the same value, for a kept one-row step), so a one-row
         forward's attention columns need no copy. Use the view before the stream changes."""
         stream = self.streams[sid]
-        if stream.length == stream.slots.numel():
-            grown = torch.empty(2 * stream.slots.numel(), dtype=torch.int64)
-            grown[: stream.length] = stream.view()
-            stream.slots = grown
+        stream.reserve(stream.length + 1)
         stream.slots[stream.length] = slot
         return stream.slots[: stream.length + 1]
 

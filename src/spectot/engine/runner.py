@@ -133,21 +133,21 @@ class TiledMatmul(TorchMatmul):
 
 class SpectotMatmul:
     """spectot's batch-invariant bf16 kernel (``kernels/bf16_linear.cpp``). With AVX512-BF16 it reads
-        weights packed once here into panels whose vector lanes are output columns: the runner then holds
-        each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
-        model), and a weight changed after the runner was built is not seen. On CPUs with AMX, forwards of
-        ``amx_rows`` rows or more run on the tile unit. One SmolLM2 forward at a 128-token context on a 2-core
-        Xeon with AMX (session 27, both paths interleaved in one run, median of 7), ms:
+    weights packed once here into panels whose vector lanes are output columns: the runner then holds
+    each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
+    model), and a weight changed after the runner was built is not seen. On CPUs with AMX, forwards of
+    ``amx_rows`` rows or more run on the tile unit. One SmolLM2 forward at a 128-token context on a 2-core
+    Xeon with AMX (session 27, both paths interleaved in one run, median of 7), ms:
 
-        | rows | 1 | 2 | 4 | 8 | 16 | 32 |
-        |---|---:|---:|---:|---:|---:|---:|
-        | AMX tiles | 15.2 | 16.4 | 15.8 | 17.6 | 20.0 | 31.4 |
-        | vdpbf16ps | 14.0 | 16.9 | 17.7 | 24.0 | 40.2 | 75.2 |
+    | rows | 1 | 2 | 4 | 8 | 16 | 32 |
+    |---|---:|---:|---:|---:|---:|---:|
+    | AMX tiles | 15.2 | 16.4 | 15.8 | 17.6 | 20.0 | 31.4 |
+    | vdpbf16ps | 14.0 | 16.9 | 17.7 | 24.0 | 40.2 | 75.2 |
 
-        The two paths round differently in about 1 output in 10^4, so the runner takes the tiles from one row
-        (``amx_rows`` = 1): every forward batch-invariant, bf16 trees equal to ``ar``'s, for 1-7 % of a one-row
-        step (with the lanes for one row, every engine's bf16 ToT tree parted from ``ar``'s on 10 of 10 GSM8K
-        problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). A draft's runner needs no batch invariance (its q is
+    The two paths round differently in about 1 output in 10^4, so the runner takes the tiles from one row
+    (``amx_rows`` = 1): every forward batch-invariant, bf16 trees equal to ``ar``'s, for 1-7 % of a one-row
+    step (with the lanes for one row, every engine's bf16 ToT tree parted from ``ar``'s on 10 of 10 GSM8K
+    problems, ``docs/results/bench_tot_xeon_s27_if5_lanes``). A draft's runner needs no batch invariance (its q is
     verified exactly whatever it is) and takes the lanes for one row (``amx_rows`` = 2, ``pick_linear``): one EDD row's
     forward + commit 560 -> 480 us on that Xeon (session 29, interleaved, three rounds)."""
 
@@ -414,8 +414,8 @@ class ModelRunner:
 
     def _decoder_stack(self) -> Any | None:
         """The layer loop as one native call (``kernels/decoder_stack.cpp``) where every kernel the loop runs is
-        spectot's (bf16 on an x86 CPU): the same kernels in the same order, so the same results. Measured on a
-        2-core Xeon (session 29): see ``_run``."""
+        spectot's (bf16 on an x86 CPU): the same kernels in the same order, so the same results (measured:
+        docs/ARCHITECTURE.md, ``kernels/``)."""
         if self._ops is None or self._kernel is None or not isinstance(self._linear, SpectotMatmul):
             return None
         from spectot.engine.kernels import decoder_stack
@@ -482,13 +482,7 @@ class ModelRunner:
             return self._forward_row(trees[0])
         span = 0  # positions 0 .. span - 1 occur in this forward
         for st in trees:
-            end = self.cache.length(st.stream) + st.tree.depth + 1
-            if end > self.max_context:
-                raise ContextOverflowError(
-                    f"stream would hold {end} tokens but the model's context is "
-                    f"{self.max_context}: shorten the prompt or lower max_new_tokens"
-                )
-            span = max(span, end)
+            span = max(span, self._context_end(st.stream, st.tree.depth + 1))
         sizes = [len(st.tree) for st in trees]
         offsets = [0]
         for n in sizes[:-1]:
@@ -523,17 +517,27 @@ class ModelRunner:
         hidden_out = None if hidden is None else list(hidden.split(sizes))
         return ForwardOutput(per_stream, hidden_out)
 
+    def _context_end(self, stream: int, new: int) -> int:
+        """The stream's length once ``new`` more positions are appended; ContextOverflowError past the context."""
+        end = self.cache.length(stream) + new
+        if end > self.max_context:
+            raise ContextOverflowError(
+                f"stream would hold {end} tokens but the model's context is "
+                f"{self.max_context}: shorten the prompt or lower max_new_tokens"
+            )
+        return end
+
+    def _tiles(self, rows: int) -> bool:
+        """Whether attention takes the kernel's tile path: always for a target (one path for every forward, batch
+        invariance), from two rows for a draft (its one row is faster on the lanes)."""
+        return self._batch_invariant or rows > 1
+
     def _forward_row(self, st: StreamTree) -> ForwardOutput:
         """``forward`` of one stream's single node (an AR step, a chain draft's depth) on the native loop, with the
         host work cut to what one row needs (it was ~45 % of a one-layer draft's step): its columns are a view of
         the stream's path with the new slot written past its end (``path_with``), positions a slice of the rotary
         table. The same inputs reach the same kernels as the general path, so the same results."""
-        first = self.cache.length(st.stream)
-        if first + 1 > self.max_context:
-            raise ContextOverflowError(
-                f"stream would hold {first + 1} tokens but the model's context is "
-                f"{self.max_context}: shorten the prompt or lower max_new_tokens"
-            )
+        first = self._context_end(st.stream, 1) - 1
         start = self.cache.reserve(1)
         columns = self.cache.path_with(st.stream, start)  # outside inference mode: a grown path stays a normal tensor
         with torch.inference_mode():
@@ -544,7 +548,7 @@ class ModelRunner:
             cos, sin = self._rope(x, slice(first, first + 1), first + 1)
             last, _ = self._stack.forward(
                 x, cos, sin, self.cache.buffer, start, columns, torch.tensor([0, first + 1]),
-                self._linear.amx_rows, self._batch_invariant, 0,
+                self._linear.amx_rows, self._tiles(1), 0,
             )  # fmt: skip
             logits = self._linear(self._rms_norm(self._norm, last), self._lm_head).float()
         self._pending = _Pending(start, [0], [st])
@@ -630,10 +634,10 @@ class ModelRunner:
         hidden = x[0] if hidden_index == 0 else None
         if self._stack is not None and isinstance(layout, _RowColumns):  # the loop below in one native call
             after = hidden_index if hidden_index is not None and 0 < hidden_index < len(self._layers) else 0
-            tiles = self._batch_invariant or embeds.shape[0] > 1  # as _attention picks
             last, mid = self._stack.forward(
-                embeds, *rope, self.cache.buffer, start, layout.columns, layout.row_ptr, linear.amx_rows, tiles, after
-            )
+                embeds, *rope, self.cache.buffer, start, layout.columns, layout.row_ptr, linear.amx_rows,
+                self._tiles(embeds.shape[0]), after,
+            )  # fmt: skip
             x, hidden = last[None], mid if after else hidden
         else:
             for i, layer in enumerate(self._layers):
@@ -707,9 +711,7 @@ class ModelRunner:
         if isinstance(layout, _RowColumns):  # the native kernel reads each row's slots in place
             heads = q[0].contiguous()
             if x.dtype == torch.bfloat16:  # rows (N, H*D) in bf16 straight from the kernel, rounded as `to` rounds
-                # a draft's one row takes the lanes (faster there; its rows need not equal other layouts')
-                tiles = self._batch_invariant or n_rows > 1
-                out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling, True, tiles)
+                out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling, True, self._tiles(n_rows))
                 return self._linear(out[None], layer.o)
             out = self._kernel(heads, kv, layout.columns, layout.row_ptr, layer.scaling)
             return self._linear(out.to(x.dtype).transpose(0, 1).reshape(1, n_rows, -1), layer.o)

@@ -70,13 +70,17 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
         return None
 
 
+def _wide_isa() -> dict[str, bool]:
+    """The wider instruction sets this CPU offers a build: AVX512-BF16, and AMX's bf16 tiles beside it."""
+    avx512_bf16 = cpu_has("avx512_bf16")
+    return {"avx512_bf16": avx512_bf16, "amx": avx512_bf16 and cpu_has("amx_tile", "amx_bf16")}
+
+
 @cache  # one build per process; the compiled module is immutable
 def bf16_linear() -> Any | None:
     """The module with ``pack(W) -> packed`` (once per weight (N, K) bf16) and ``linear(x, packed, bias,
     N) -> x W^T + b`` (bf16, batch-invariant), or None where it cannot be built."""
-    avx512_bf16 = cpu_has("avx512_bf16")
-    amx = avx512_bf16 and cpu_has("amx_tile", "amx_bf16")
-    return _build_avx2("bf16_linear", "torch's bf16 matmul", avx512_bf16=avx512_bf16, amx=amx)
+    return _build_avx2("bf16_linear", "torch's bf16 matmul", **_wide_isa())
 
 
 @cache  # one build per process; the compiled module is immutable
@@ -91,9 +95,7 @@ def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torc
     input, equal to ``out.to(torch.bfloat16).transpose(0, 1).reshape(N, -1)`` without those three ops.
     Raises RuntimeError on inputs it does not take (the caller falls back to torch).
     """
-    avx512_bf16 = cpu_has("avx512_bf16")
-    amx = avx512_bf16 and cpu_has("amx_tile", "amx_bf16")
-    module = _build_avx2("tree_attention", "torch attention", avx512_bf16=avx512_bf16, amx=amx)
+    module = _build_avx2("tree_attention", "torch attention", **_wide_isa())
     return None if module is None else module.tree_attention
 
 
@@ -109,6 +111,4 @@ def decoder_stack() -> Any | None:
     """The module with ``DecoderStack(q_heads, kv_heads)`` (``add_layer``, then ``forward``: see
     ``decoder_stack.cpp``), or None where it cannot be built. Built with the same instruction sets as
     ``bf16_linear`` and ``tree_attention``, whose sources it compiles in."""
-    avx512_bf16 = cpu_has("avx512_bf16")
-    amx = avx512_bf16 and cpu_has("amx_tile", "amx_bf16")
-    return _build_avx2("decoder_stack", "the runner's layer loop", avx512_bf16=avx512_bf16, amx=amx)
+    return _build_avx2("decoder_stack", "the runner's layer loop", **_wide_isa())

@@ -24,10 +24,6 @@
 #include <cstring>
 #include <algorithm>
 #include <vector>
-#ifdef __AMX_BF16__
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "vec.h"
 
@@ -54,6 +50,10 @@ inline void prefetch_ahead(const uint16_t* p) {
 
 using spectot::bf16_to_float;
 using spectot::to_bf16;
+#ifdef __AMX_BF16__
+using spectot::amx_permitted;
+using spectot::TileConfig;
+#endif
 
 #ifdef __AVX512BF16__
 // The AVX512-BF16 kernel reads weights in a packed layout, made once when the model loads (``pack``):
@@ -122,20 +122,6 @@ inline __attribute__((always_inline)) void panel_tile(const uint32_t* x, int64_t
 // The vdpbf16ps tiles above made extra rows cost ~6% of a row each on a 2-core Xeon (one SmolLM2 forward
 // t(8)/t(1) = 1.5); here 16 rows cost what one does, and the weights stream from DRAM as fast as for one.
 constexpr int64_t AMX_ROWS = 16, AMX_PAIRS = 16;  // rows of A and C, feature pairs of A and B
-
-bool amx_permitted() {  // Linux hands out the tile state only on request (once per process)
-  static const bool permitted = [] {
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return permitted;
-}
-
-struct TileConfig {  // the LDTILECFG layout, palette 1
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // tmm0-3: C (16 rows x 16 fp32) for the panel's four column vectors; tmm4: A; tmm5-7: B.
 void configure_tiles(int rows) {

@@ -20,10 +20,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-#ifdef __AMX_BF16__
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "vec.h"
 

@@ -30,10 +30,6 @@
 #include <vector>
 #include <array>
 #include <utility>
-#ifdef __AMX_BF16__
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "vec.h"
 
@@ -67,6 +63,10 @@ using spectot::exp8;
 #ifdef __AVX512F__
 using spectot::exp16;
 using spectot::load_bf16x16;
+#endif
+#ifdef __AMX_BF16__
+using spectot::amx_permitted;
+using spectot::TileConfig;
 #endif
 
 // One inputs view; kv is slot-major (capacity, 2, H_kv, D): keys at [slot, 0], values at [slot, 1].
@@ -295,20 +295,6 @@ void attend_heads_bf16(const uint16_t* const* q, int64_t D, const uint16_t* cons
 // block, the other rows or the thread. The scores' rounding differs from the vdpbf16ps path's; a machine
 // takes one path for every call. A 6-row verification at 250 columns: see tests and README.
 constexpr int64_t MAX_TAIL = 32;  // tail columns a row may bring to a block beyond the shared prefix
-
-bool amx_permitted() {  // Linux hands out the tile state only on request (once per process)
-  static const bool permitted = [] {
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return permitted;
-}
-
-struct TileConfig {  // the LDTILECFG layout, palette 1
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // tmm0: C (16 keys x 16 queries fp32); tmm1: A (16 keys x 32 dims); tmm2: B (16 dim pairs x 16 queries).
 void configure_tiles() {

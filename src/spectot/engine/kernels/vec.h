@@ -5,6 +5,10 @@
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
+#ifdef __AMX_BF16__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace spectot {
 
@@ -116,6 +120,23 @@ inline __m512 exp16(__m512 x) {
   const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, _mm512_castsi512_ps(pow2n));
 }
+#endif
+
+#ifdef __AMX_BF16__
+// The tile unit's shared pieces (bf16_linear.cpp and tree_attention.cpp each configure their own tiles).
+inline bool amx_permitted() {  // Linux hands out the tile state only on request (once per process)
+  static const bool permitted = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return permitted;
+}
+
+struct TileConfig {  // the LDTILECFG layout, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
 #endif
 
 }  // namespace spectot
