@@ -133,6 +133,46 @@ def test_the_native_layer_loop_equals_the_python_loop_bit_for_bit(tiny_model, fa
     assert torch.equal(paths[0], paths[1])
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_forward_kept_equals_forward_then_commit_all(tiny_model, exact: bool) -> None:
+    """A chain draft's depth in one call: the same logits and the same cache as forward + commit_all, on the
+    native loop and without it; a verified chain keeping a prefix of its rows leaves the general commit's cache."""
+    model = tiny_model.__wrapped__("llama", 1).to(torch.bfloat16)
+    runner = ModelRunner(model, kernels="spectot", exact_attention=exact)
+    stacks = [runner._stack, None] if runner._stack is not None else [None]
+    sid = runner.new_stream()
+    runner.forward([StreamTree(sid, TokenTree.chain([5, 9, 2, 31, 7]))])
+    runner.commit_all()
+    for stack in stacks:
+        runner._stack = stack
+        kept, general = runner.new_stream(sid), runner.new_stream(sid)
+        for token in (11, 3, 40):
+            logits = runner.forward_kept(kept, token)
+            step = runner.forward([StreamTree(general, TokenTree.chain([token]))]).logits[0]
+            runner.commit_all()
+            assert torch.equal(logits, step)
+        kv = runner.cache.buffer[:, runner.cache.slots(kept)]
+        assert torch.equal(kv, runner.cache.buffer[:, runner.cache.slots(general)])
+        with pytest.raises(RuntimeError, match="commit"):  # a pending forward is refused, as forward refuses it
+            runner.forward([StreamTree(kept, TokenTree.chain([1]))])
+            runner.forward_kept(kept, 2)
+        runner.commit({})
+        runner.release(kept)
+        runner.release(general)
+    # one stream keeping rows 0..1 of a 4-row chain: rows 2..3 leave, the cache stays dense and reads right
+    runner._stack = stacks[0]
+    before = runner.cache.used
+    runner.forward([StreamTree(sid, TokenTree.chain([8, 6, 4, 2]))])
+    runner.commit({sid: [0, 1]})
+    assert runner.cache.used == before + 2 and runner.cache.slots(sid)[-2:].tolist() == [before, before + 1]
+    alone = runner.new_stream()
+    runner.forward([StreamTree(alone, TokenTree.chain([5, 9, 2, 31, 7, 8, 6]))])
+    runner.commit_all()
+    assert torch.equal(
+        runner.cache.buffer[:, runner.cache.slots(sid)], runner.cache.buffer[:, runner.cache.slots(alone)]
+    )
+
+
 def test_bf16_greedy_sd_equals_ar(tiny_model) -> None:
     model = tiny_model.__wrapped__("llama", 3).to(torch.bfloat16)
     decoder = Decoder(ModelRunner(model, kernels="spectot"), proposer=NgramProposer())

@@ -90,6 +90,22 @@ def test_truncate_frees_only_unshared_slots() -> None:
     assert cache.used == 4
 
 
+def test_truncating_a_streams_tail_slots_frees_them_unless_another_stream_holds_them() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 3, first_marker=1))
+    cache.hold(a, write(cache, 2, first_marker=10).flip(0))  # a's last two entries: the tail, out of order
+    cache.truncate(a, 3)
+    assert cache.used == 3 and cache.slots(a).tolist() == [0, 1, 2] and cache.refcount[:5].tolist() == [1, 1, 1, 0, 0]
+    b = cache.new_stream(fork_of=a)
+    cache.hold(a, write(cache, 2, first_marker=20))  # a = [0, 1, 2, 3, 4], b holds slot 4 too
+    cache.hold(b, torch.tensor([4]))
+    cache.truncate(a, 3)  # slot 3 goes, slot 4 stays b's (and shifts down to 3)
+    assert (
+        cache.used == 4 and cache.slots(b).tolist() == [0, 1, 2, 3] and markers(cache, cache.slots(b)) == [1, 2, 3, 21]
+    )
+
+
 def test_release_frees_only_unshared_slots() -> None:
     cache = make_cache()
     a = cache.new_stream()

@@ -537,22 +537,40 @@ class ModelRunner:
         host work cut to what one row needs (it was ~45 % of a one-layer draft's step): its columns are a view of
         the stream's path with the new slot written past its end (``path_with``), positions a slice of the rotary
         table. The same inputs reach the same kernels as the general path, so the same results."""
-        first = self._context_end(st.stream, 1) - 1
+        logits, start = self._row_logits(st.stream, st.tree.tokens, st.embeds)
+        self._pending = _Pending(start, [0], [st])
+        return ForwardOutput([logits], None)
+
+    def forward_kept(self, stream: int, token: int) -> torch.Tensor:
+        """``forward`` of ``token`` appended to ``stream`` and ``commit`` of it, in one call: its (1, vocab)
+        float logits. A chain draft's depths: no tree, no pending forward, the new slot held by a slice."""
+        if self._pending is not None:
+            raise RuntimeError("commit() the previous forward before running the next one")
+        if self._stack is None:
+            out = self.forward([StreamTree(stream, TokenTree.chain([token]))])
+            self.commit_all()
+            return out.logits[0]
+        logits, start = self._row_logits(stream, torch.tensor([token]), None)
+        self.cache.hold_range(stream, start, 1)
+        return logits
+
+    def _row_logits(self, stream: int, token: torch.Tensor, embeds: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """One row on the native loop: its float logits and the tail slot it was written to (held by none yet)."""
+        first = self._context_end(stream, 1) - 1
         start = self.cache.reserve(1)
-        columns = self.cache.path_with(st.stream, start)  # outside inference mode: a grown path stays a normal tensor
+        columns = self.cache.path_with(stream, start)  # outside inference mode: a grown path stays a normal tensor
         with torch.inference_mode():
-            if st.embeds is None:
-                x = self._embed.weight.index_select(0, st.tree.tokens.to(self.device))
+            if embeds is None:
+                x = self._embed.weight.index_select(0, token.to(self.device))
             else:
-                x = st.embeds.to(self._embed.weight)
+                x = embeds.to(self._embed.weight)
             cos, sin = self._rope(x, slice(first, first + 1), first + 1)
             last, _ = self._stack.forward(
                 x, cos, sin, self.cache.buffer, start, columns, torch.tensor([0, first + 1]),
                 self._linear.amx_rows, self._tiles(1), 0,
             )  # fmt: skip
             logits = self._linear(self._rms_norm(self._norm, last), self._lm_head).float()
-        self._pending = _Pending(start, [0], [st])
-        return ForwardOutput([logits], None)
+        return logits, start
 
     def _embeds(self, trees: Sequence[StreamTree], tokens: torch.Tensor) -> torch.Tensor:
         """(N, H): the token embeddings, or the trees' own input vectors where given (in inference mode)."""
@@ -580,12 +598,14 @@ class ModelRunner:
                 values += [old, np.array([start + o])]
                 counts.append([old.size + 1])
                 continue
-            columns = np.concatenate(
-                [np.broadcast_to(old, (n, old.size)), np.broadcast_to(np.arange(start + o, start + o + n), (n, n))], 1
-            )
-            visible = np.concatenate([np.ones((n, old.size), dtype=bool), st.tree.ancestors.numpy()], 1)
+            columns = np.empty((n, old.size + n), dtype=np.int64)
+            columns[:, : old.size] = old
+            columns[:, old.size :] = np.arange(start + o, start + o + n)
+            # a chain's row i sees new slots 0..i (no ancestor mask to build: a verified chain's host work)
+            seen = np.tri(n, dtype=bool) if st.tree.is_chain else st.tree.ancestors.numpy()
+            visible = np.concatenate([np.ones((n, old.size), dtype=bool), seen], 1)
             values.append(columns[visible])  # row-major: row by row, columns in order
-            counts.append(visible.sum(1))
+            counts.append(old.size + seen.sum(1))
         row_ptr = np.zeros(sum(len(c) for c in counts) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(counts), out=row_ptr[1:])
         columns = torch.from_numpy(np.concatenate(values))
@@ -754,6 +774,10 @@ class ModelRunner:
                 raise ValueError(f"accepted nodes {nodes} are not a root-to-node path of the tree")
         if not any(paths):  # nothing kept (a draft's scratch forward): the new slots are the tail, held by none
             self.cache.drop_tail(pending.start, check=False)
+            return
+        if len(pending.trees) == 1 and paths[0] == list(range(len(paths[0]))):  # one stream keeps a prefix of
+            self.cache.hold_range(pending.trees[0].stream, pending.start, len(paths[0]))  # its new slots (a
+            self.cache.drop_tail(pending.start + len(paths[0]), check=False)  # verified chain): the rest is the tail
             return
         keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
         for st, offset, nodes in zip(pending.trees, pending.offsets, paths):

@@ -135,27 +135,13 @@ class DraftDecoderProposer:
                 active = [r for r in active if expand[r.key]]
                 if not active:
                     break
-            trees, rows, keep = [], [], {}
-            for r in active:
-                block = blocks[r.key]
-                nodes = [block.frontier[j] for j in expand[r.key]] if depth > 1 else [0]
-                if depth > 1 and not (len(nodes) == 1 and kept[r.key] and block.parents[nodes[0]] == kept[r.key][-1]):
-                    self._drop_kept(r, kept[r.key])  # the whole block, over the committed entries only
-                trees.append(self._tree(r, block, depth == 1, nodes[0] if kept[r.key] else None))
-                if depth == 1 or kept[r.key]:  # the catch-up entries and the pending token, or the one new node
-                    rows.append([len(trees[-1].tree) - 1])
-                    keep[trees[-1].stream] = range(len(trees[-1].tree))
-                    kept[r.key].append(nodes[0])
-                else:
-                    rows.append(nodes)
-            out = self.runner.forward(trees, logit_rows=rows)
-            self.runner.commit(keep)
+            all_logits = self._forward_depth(active, blocks, expand, kept, depth)
             if depth == 1:
                 for r in active:
                     self._committed[r.key] = r.tokens[:-1]
             self.forwards += 1
             still = []
-            for r, logits in zip(active, out.logits):
+            for r, logits in zip(active, all_logits):
                 q_sub = target_probs(logits, draft_params)  # (rows, head_vocab)
                 read = expand[r.key] if depth > 1 else [0]
                 noise = None  # a sampling stream's noise for the children's position, on the head's tokens
@@ -184,6 +170,40 @@ class DraftDecoderProposer:
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
+    def _forward_depth(
+        self,
+        active: list[DraftRequest],
+        blocks: dict[int, _Block],
+        expand: dict[int, list[int]],  # frontier indices to expand per stream
+        kept: dict[int, list[int]],  # block nodes in each stream's draft cache (a root path)
+        depth: int,
+    ) -> list[torch.Tensor]:
+        """One draft forward for every active stream: the logits of the nodes it expands. A stream whose one
+        node hangs below the last node kept in its cache runs that node alone and keeps it (a chain's depth);
+        otherwise its whole block runs as scratch over the committed entries."""
+        nodes = {r.key: [blocks[r.key].frontier[j] for j in expand[r.key]] if depth > 1 else [0] for r in active}
+        for r in active:
+            one = nodes[r.key]
+            if depth > 1 and not (len(one) == 1 and kept[r.key] and blocks[r.key].parents[one[0]] == kept[r.key][-1]):
+                self._drop_kept(r, kept[r.key])  # the whole block, over the committed entries only
+        if depth > 1 and len(active) == 1 and kept[active[0].key]:  # one node of one stream: no tree to build
+            r = active[0]
+            kept[r.key].append(nodes[r.key][0])
+            return [self.runner.forward_kept(self._streams[r.key], blocks[r.key].tokens[nodes[r.key][0]])]
+        trees, rows, keep = [], [], {}
+        for r in active:
+            block = blocks[r.key]
+            trees.append(self._tree(r, block, depth == 1, nodes[r.key][0] if kept[r.key] else None))
+            if depth == 1 or kept[r.key]:  # the catch-up entries and the pending token, or the one new node
+                rows.append([len(trees[-1].tree) - 1])
+                keep[trees[-1].stream] = range(len(trees[-1].tree))
+                kept[r.key].append(nodes[r.key][0])
+            else:
+                rows.append(nodes[r.key])
+        out = self.runner.forward(trees, logit_rows=rows)
+        self.runner.commit(keep)
+        return out.logits
+
     def _tree(self, r: DraftRequest, block: _Block, first: bool, node: int | None) -> StreamTree:
         """Depth 1: the new committed entries then the pending token, one chain. Later: ``node`` alone (its
         ancestors are in the cache), or with None the whole block."""
