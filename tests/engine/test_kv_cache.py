@@ -106,6 +106,16 @@ def test_truncating_a_streams_tail_slots_frees_them_unless_another_stream_holds_
     )
 
 
+def test_keep_tail_moves_a_verified_paths_rows_down_and_drops_the_rest() -> None:
+    cache = make_cache()
+    a = cache.new_stream()
+    cache.hold(a, write(cache, 2, first_marker=1))
+    write(cache, 6, first_marker=10)  # one forward's tree: slots 2-7
+    cache.keep_tail(a, 2, [0, 2, 5])  # its docstring's example: slot 4 -> 3, slot 7 -> 4
+    assert cache.used == 5 and cache.slots(a).tolist() == [0, 1, 2, 3, 4]
+    assert markers(cache, cache.slots(a)) == [1, 2, 10, 12, 15] and cache.refcount[:5].tolist() == [1] * 5
+
+
 def test_release_frees_only_unshared_slots() -> None:
     cache = make_cache()
     a = cache.new_stream()

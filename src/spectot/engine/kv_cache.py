@@ -20,6 +20,7 @@ slot 4 is removed, slot 5 shifts to 4, and A = [0, 1, 2, 3], B = [0, 1, 2, 4].
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -181,6 +182,20 @@ class FlatKVCache:
         slices rather than index tensors."""
         self.streams[sid].append_range(first, n)
         self.refcount[first : first + n] += 1
+
+    def keep_tail(self, sid: int, start: int, rows: Sequence[int]) -> None:
+        """The tail from ``start`` holds one forward's new slots, all of them ``sid``'s and held by none yet: append
+        its ``rows`` (ascending offsets from ``start``, a verified tree's accepted path) to the stream, their keys
+        and values moved down to ``start``, ``start + 1``, ... over the rejected ones, and drop the rest. One
+        copy of the few moved rows instead of a shift of the tail (~0.25 ms of a verified tree's commit).
+
+        Example: rows [0, 2, 5] from start 10: slot 12 -> 11, 15 -> 12; the stream gains [10, 11, 12]."""
+        moved = [(start + i, start + row) for i, row in enumerate(rows) if row != i]
+        if moved:
+            dst, src = torch.tensor(moved).T
+            self.buffer[:, dst] = self.buffer[:, src]
+        self.hold_range(sid, start, len(rows))
+        self.drop_tail(start + len(rows), check=False)
 
     def drop_tail(self, start: int, check: bool = True) -> None:
         """Delete the tail slots ``start..used``, reserved and held by no stream (a scratch forward); ``check``

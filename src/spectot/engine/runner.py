@@ -775,9 +775,8 @@ class ModelRunner:
         if not any(paths):  # nothing kept (a draft's scratch forward): the new slots are the tail, held by none
             self.cache.drop_tail(pending.start, check=False)
             return
-        if len(pending.trees) == 1 and paths[0] == list(range(len(paths[0]))):  # one stream keeps a prefix of
-            self.cache.hold_range(pending.trees[0].stream, pending.start, len(paths[0]))  # its new slots (a
-            self.cache.drop_tail(pending.start + len(paths[0]), check=False)  # verified chain): the rest is the tail
+        if len(pending.trees) == 1:  # one stream's verified tree: its path's rows move down, the rest is the tail
+            self.cache.keep_tail(pending.trees[0].stream, pending.start, paths[0])
             return
         keep = torch.zeros(self.cache.used - pending.start, dtype=torch.bool)
         for st, offset, nodes in zip(pending.trees, pending.offsets, paths):
