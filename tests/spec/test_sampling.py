@@ -13,6 +13,7 @@ from spectot.spec.sampling import (
     SamplingParams,
     argmax,
     coupled_pick,
+    logsumexp_rows,
     position_noise,
     sample,
     sample_at,
@@ -301,3 +302,38 @@ def test_top_p_read_off_the_top_tokens_equals_a_full_sort(scale: float) -> None:
     )
     expected = logits.masked_fill(drop, float("-inf")).softmax(-1)
     torch.testing.assert_close(target_probs(logits, SamplingParams(do_sample=True, top_p=0.9)), expected)
+
+
+# -- argmax and log-normalisers of logit rows (a verification's host work) --------------------------
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 33, 49152])
+def test_argmax_is_torchs_lowest_index_among_ties(width: int) -> None:
+    g = torch.Generator().manual_seed(width)
+    x = torch.randint(-3, 3, (9, width), generator=g).float()  # small integers: many ties
+    x[0] = float("-inf")  # no finite entry: index 0, as torch
+    x[1, -1] = 1e9  # the maximum in the tail past the last full lane block
+    assert torch.equal(argmax(x), x.argmax(-1))
+    assert torch.equal(argmax(x[2]), x[2].argmax(-1))  # one row (numpy's path)
+
+
+def test_logsumexp_rows_match_float64_and_depend_on_their_row_only() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 49152, generator=g) * 8
+    x[2, ::3] = float("-inf")
+    x[4] = float("-inf")  # no probability anywhere: -inf, as torch
+    rows = [5, 0, 2, 4, 0]  # any order, repeats allowed
+    got = logsumexp_rows(x, rows)
+    want = x.double()[rows].logsumexp(-1)
+    assert got[3] == float("-inf")
+    assert torch.allclose(torch.tensor(got)[[0, 1, 2, 4]], want[[0, 1, 2, 4]].float(), rtol=1e-6, atol=0)
+    assert logsumexp_rows(x[[2]].clone(), [0]) == [got[2]]  # the same row alone: the same bits
+
+
+def test_logprobs_of_a_verified_path_are_the_raw_log_softmax() -> None:
+    from spectot.spec.decoding import _logprobs
+
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)) * 4
+    got = _logprobs(x, [7, 250, 3], rows=[0, 2, 4])
+    want = x.double().log_softmax(-1)[[0, 2, 4], [7, 250, 3]]
+    assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, atol=1e-5)

@@ -28,7 +28,7 @@ from spectot.engine.runner import ModelRunner, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.draft_length import DraftLength, fan_chain_outcome
 from spectot.spec.proposers.base import Draft, DraftRequest, Proposer, drafts_chains
-from spectot.spec.sampling import CoupledNoise, SamplingParams, argmax, sample_at, target_probs
+from spectot.spec.sampling import CoupledNoise, SamplingParams, argmax, logsumexp_rows, sample_at, target_probs
 from spectot.spec.stats import DecodeStats
 from spectot.spec.tree_verify import verify_tree, verify_tree_coupled
 from spectot.spec.trees.dynamic import StaticPolicy, TreePolicy
@@ -418,7 +418,7 @@ class DecodeSession:
                 ]
                 s.stats.record_calibration([conf[i - 1] for i in tested], [i in on_path for i in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
-            kept = self._emit(s, new, _logprobs(logits[path], new))
+            kept = self._emit(s, new, _logprobs(logits, new, path))
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
             if out.hidden is not None:
@@ -547,10 +547,13 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-def _logprobs(logits: torch.Tensor, tokens: Sequence[int]) -> list[float]:
-    """log p(token_i) under the raw target distribution at row i of ``logits`` (R, V)."""
-    rows = logits[: len(tokens)].float().log_softmax(-1)
-    return rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+def _logprobs(logits: torch.Tensor, tokens: Sequence[int], rows: Sequence[int] | None = None) -> list[float]:
+    """log p(token_i) = z_r[token_i] - log sum_j exp(z_r[j]) under the raw target distribution at row r = rows[i]
+    (default i) of ``logits`` (R, V): only those rows are normalised, and a row gives the same value whichever
+    path asks (AR, a verified tree, a prefill)."""
+    rows = list(range(len(tokens))) if rows is None else list(rows)
+    picked = logits[rows, list(tokens)].tolist()
+    return [z - norm for z, norm in zip(picked, logsumexp_rows(logits, rows))]
 
 
 def _join(prefix: torch.Tensor | None, rest: torch.Tensor) -> torch.Tensor:
