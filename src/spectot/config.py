@@ -354,6 +354,13 @@ class TrainDraftOptions:
         default="kl", **opt("kl: KL(P_target || P_draft); ce: cross-entropy on the target's argmax")
     )
     lr: float = field(default=1e-4, **opt("AdamW learning rate"))
+    token_lr: float = field(
+        default=0.0,
+        **opt(
+            "EDD: peak learning rate of the --current-token / --next-token input matrices (0 = --lr); they start at "
+            "0 under --init, and Adam moves a weight ~lr a step, so at --lr they stay small for a whole epoch"
+        ),
+    )
     precision: Literal["fp32", "bf16"] = field(
         default="fp32",
         **opt(

@@ -296,6 +296,25 @@ def test_bf16_autocast_training_keeps_fp32_weights_and_lowers_the_loss(target, r
     assert batch_loss(draft, records, settings) < before - 1e-3  # measured in fp32
 
 
+def test_token_inputs_take_their_own_learning_rate(target, records, tmp_path) -> None:
+    """--token-lr: W_c and W_n (from 0) step at their own peak lr, every other weight at lr."""
+    config = DraftDecoderConfig(
+        "edd", 1, HIDDEN_LAYER, HEAD_IDS.numel(), fingerprint(target), target.config.to_dict(),
+        next_token=True, current_token=True,
+    )  # fmt: skip
+    moved = {}
+    for token_lr in (0.0, 1e-2):
+        draft = DraftDecoder.initialise(config, target, HEAD_IDS)
+        before = {k: v.clone() for k, v in draft.trainable_state().items()}
+        settings = TrainSettings(block_min=2, block_max=5, lr=1e-4, token_lr=token_lr, batch_tokens=10_000, epochs=3)
+        train(draft, records, settings, tmp_path / f"ckpt{token_lr}.pt", resume=False)
+        moved[token_lr] = {k: float((v - before[k]).abs().max()) for k, v in draft.trainable_state().items()}
+    for name in ("current_proj.weight", "next_proj.weight"):
+        assert moved[1e-2][name] > 20 * moved[0.0][name]  # Adam moves a weight ~lr a step
+    others = [k for k in moved[0.0] if not k.startswith(("current_proj", "next_proj"))]
+    assert all(moved[1e-2][k] < 5 * moved[0.0][k] + 1e-6 for k in others)
+
+
 class Interrupted(Exception):
     pass
 

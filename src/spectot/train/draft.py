@@ -180,6 +180,7 @@ class TrainSettings:
     block_max: int = 10
     loss: Loss = "kl"
     lr: float = 1e-4  # peak: linear warm-up over the first 2% of steps, cosine decay to lr / 10
+    token_lr: float = 0.0  # peak lr of EDD's token inputs W_c, W_n (0: lr), on the same schedule
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast matmuls, fp32 weights, optimizer and loss
     batch_tokens: int = 2048
     epochs: float = 1.0
@@ -242,7 +243,14 @@ def train(
     head_index[draft.head_ids.cpu()] = torch.arange(draft.head_ids.numel())
     params = [p for p in draft.parameters() if p.requires_grad]
     device = params[0].device
-    optimizer = torch.optim.AdamW(params, lr=settings.lr)
+    token_inputs = [m for m in (draft.current_proj, draft.next_proj) if m is not None]
+    token_params = {id(p) for m in token_inputs for p in m.parameters() if p.requires_grad}
+    groups = [{"params": [p for p in params if id(p) not in token_params], "lr": settings.lr}]
+    if token_params and settings.token_lr:  # their own peak lr: from 0 under --init they need larger steps
+        groups.append({"params": [p for p in params if id(p) in token_params], "lr": settings.token_lr})
+    else:
+        groups = [{"params": params, "lr": settings.lr}]
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr)
     batches = make_batches([r["tokens"].numel() for r in records], settings.batch_tokens)
     total_steps = max(1, math.ceil(settings.epochs * len(batches)))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, total_steps))
@@ -319,6 +327,8 @@ def _job_identity(records: Sequence[dict], settings: TrainSettings) -> dict:
     checkpoints) and the corpus (sequence count and tokens)."""
     lengths = [r["tokens"].numel() for r in records]
     shaping = {k: v for k, v in asdict(settings).items() if k != "checkpoint_minutes"}
+    if not settings.token_lr:  # unset: the identity of checkpoints written before the setting existed
+        del shaping["token_lr"]
     return {"settings": shaping, "sequences": len(lengths), "tokens": sum(lengths)}
 
 

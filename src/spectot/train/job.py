@@ -113,6 +113,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         block_max=options.block_max,
         loss=options.loss,
         lr=options.lr,
+        token_lr=options.token_lr,
         precision=options.precision,
         batch_tokens=options.batch_tokens,
         epochs=options.epochs,
