@@ -127,16 +127,6 @@ class FlatKVCache:
         stream = self.streams[sid]
         if length >= stream.length:
             return
-        first = self.used - (stream.length - length)
-        # distinct slots none below used - (their count) are the buffer's tail (a draft's kept chain): held by this stream
-        # alone, they go as the tail, without index tensors (~50 us of a draft step)
-        if int(stream.slots[length : stream.length].min()) == first and bool(
-            (self.refcount[first : self.used] == 1).all()
-        ):
-            stream.cut(length)
-            self.refcount[first : self.used] = 0
-            self.used = first
-            return
         dropped = stream.view()[length:].clone()
         stream.cut(length)
         self._release_slots(dropped)
@@ -145,6 +135,13 @@ class FlatKVCache:
         self._release_slots(self.streams.pop(sid).view().clone())
 
     def _release_slots(self, slots: torch.Tensor) -> None:
+        first = self.used - slots.numel()
+        # distinct slots none below used - (their count) are the buffer's tail (a draft's kept chain); held by the
+        # releasing stream alone, they go as the tail, without index tensors (~50 us of a draft step)
+        if slots.numel() and int(slots.min()) == first and bool((self.refcount[first : self.used] == 1).all()):
+            self.refcount[first : self.used] = 0
+            self.used = first
+            return
         self.refcount[slots] -= 1
         self.remove(slots[self.refcount[slots] == 0])
 

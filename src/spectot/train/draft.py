@@ -243,13 +243,13 @@ def train(
     head_index[draft.head_ids.cpu()] = torch.arange(draft.head_ids.numel())
     params = [p for p in draft.parameters() if p.requires_grad]
     device = params[0].device
-    token_inputs = [m for m in (draft.current_proj, draft.next_proj) if m is not None]
-    token_params = {id(p) for m in token_inputs for p in m.parameters() if p.requires_grad}
-    groups = [{"params": [p for p in params if id(p) not in token_params], "lr": settings.lr}]
-    if token_params and settings.token_lr:  # their own peak lr: from 0 under --init they need larger steps
-        groups.append({"params": [p for p in params if id(p) in token_params], "lr": settings.token_lr})
-    else:
-        groups = [{"params": params, "lr": settings.lr}]
+    groups = [{"params": params}]
+    token_inputs = {id(p) for m in (draft.current_proj, draft.next_proj) if m is not None for p in m.parameters()}
+    if settings.token_lr and token_inputs:  # their own peak lr: from 0 under --init they need larger steps
+        groups = [
+            {"params": [p for p in params if id(p) not in token_inputs]},
+            {"params": [p for p in params if id(p) in token_inputs], "lr": settings.token_lr},
+        ]
     optimizer = torch.optim.AdamW(groups, lr=settings.lr)
     batches = make_batches([r["tokens"].numel() for r in records], settings.batch_tokens)
     total_steps = max(1, math.ceil(settings.epochs * len(batches)))

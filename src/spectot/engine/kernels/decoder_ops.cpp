@@ -196,9 +196,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 // numpy argmax and a torch log_softmax that re-read rows which had left the cache (~0.6 ms of a verified
 // tree's host work on a 2-core Xeon). Each row alone, in a fixed order: its results never depend on the others.
 
-// The lowest index among a row's maxima (torch.argmax's rule; rows of NaN are not expected, they give 0): the
-// maximum over four lanes of 8, then the first entry equal to it.
-int64_t row_argmax(const float* row, int64_t V) {
+// A row's maximum, over four lanes of 8 (rows of NaN are not expected).
+float row_max(const float* row, int64_t V) {
   __m256 m[4];
   for (auto& lane : m) lane = _mm256_set1_ps(-INFINITY);
   int64_t j = 0;
@@ -209,8 +208,16 @@ int64_t row_argmax(const float* row, int64_t V) {
   float top = -INFINITY;
   for (float v : lanes) top = std::max(top, v);
   for (; j < V; ++j) top = std::max(top, row[j]);
+  return top;
+}
+
+// The lowest index among a row's maxima (torch.argmax's rule; a row of NaN gives 0): the first entry equal to
+// its maximum.
+int64_t row_argmax(const float* row, int64_t V) {
+  const float top = row_max(row, V);
   const __m256 target = _mm256_set1_ps(top);
-  for (j = 0; j + 8 <= V; j += 8) {
+  int64_t j = 0;
+  for (; j + 8 <= V; j += 8) {
     const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + j), target, _CMP_EQ_OQ));
     if (hits) return j + __builtin_ctz(hits);
   }
@@ -219,7 +226,7 @@ int64_t row_argmax(const float* row, int64_t V) {
   return 0;
 }
 
-// log sum_j exp(x_j) = m + log sum_j exp(x_j - m), m = x[argmax]; the sum in double, 8 lanes then their total.
+// log sum_j exp(x_j) = m + log sum_j exp(x_j - m), m the row's maximum; the sum in double, 8 lanes then their total.
 float row_logsumexp(const float* row, int64_t V, float top) {
   if (std::isinf(top) && top < 0) return top;  // every entry -inf: no probability anywhere
   const __m256 shift = _mm256_set1_ps(top);
@@ -269,7 +276,7 @@ torch::Tensor logsumexp_rows(torch::Tensor x, torch::Tensor rows) {
   at::parallel_for(0, n_rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* row = xp + ip[i] * V;
-      lp[i] = row_logsumexp(row, V, row[row_argmax(row, V)]);
+      lp[i] = row_logsumexp(row, V, row_max(row, V));
     }
   });
   return lse;
