@@ -176,6 +176,10 @@ def test_mcts_speculation_folds_every_rollout_and_releases_budget(algorithm) -> 
     assert explorer.counters.speculated > 0
     # the search ran to its budget, so every speculative rollout was promoted or folded in: all hits
     assert explorer.counters.hits == explorer.counters.speculated and explorer.counters.cancelled == 0
+    # every expansion the search consumed is counted once, primary or speculative, so the saving rate is a share
+    counters = explorer.counters
+    assert counters.expansions_used == len(result.expansions)
+    assert 0 < counters.saved_expansions < counters.expansions_used and 0 < counters.saving_rate < 1
     assert explorer.counters.budget_peak <= 3 and explorer.counters.speculative_seconds > 0
     assert budget.in_flight.get(0, 0) == 0
     assert result.answer in {"0", "1", "2", ""}

@@ -18,7 +18,8 @@ search moves away from are cancelled at once and their budget released.
 
 Vocabulary of the counters: speculated = speculative expansions started; hits = those the search
 used; cancelled = stopped before finishing; wasted_tokens = tokens of finished speculative
-expansions never used; saving rate = hits / expansions the search used.
+expansions never used; saving rate = expansions the search used that had run speculatively / expansions the
+search used (a BFS hit is one expansion; a DFS rollout folded in brings the steps it ran speculatively).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ WidthRule = Callable[[Sequence[Child], int], list[int]]  # (finished siblings, b
 
 @dataclass
 class SpecCounters:
-    expansions_used: int = 0  # expansions the search consumed (primary ones and hits)
+    expansions_used: int = 0  # expansions the search consumed (primary ones and speculative ones it used)
+    saved_expansions: int = 0  # of those, the ones that had run speculatively
     speculated: int = 0
     hits: int = 0
     cancelled: int = 0
@@ -52,7 +54,7 @@ class SpecCounters:
 
     @property
     def saving_rate(self) -> float:
-        return self.hits / self.expansions_used if self.expansions_used else 0.0
+        return self.saved_expansions / self.expansions_used if self.expansions_used else 0.0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "hit_rate": self.hit_rate, "saving_rate": self.saving_rate}
@@ -144,6 +146,7 @@ class Explorer:
             job = self._jobs[key] = _Job(self._primary(key), False)
         elif job.speculative and not job.used:
             self.counters.hits += 1
+            self.counters.saved_expansions += 1
             if self.budget is not None:
                 self.budget.hit(self.query)
         first_use = not job.used
@@ -185,6 +188,12 @@ class Explorer:
         self.counters.hits += 1
         if self.budget is not None:
             self.budget.hit(self.query)
+
+    def used(self, expansions: Sequence[Child]) -> None:
+        """The search consumed ``expansions`` that ran speculatively (a DFS rollout's speculative steps)."""
+        self.counters.saved_expansions += len(expansions)
+        self.counters.expansions_used += len(expansions)
+        self.counters.used_tokens += sum(c.tokens for c in expansions)
 
     def retain(self, keep: Callable[[ChildKey], bool]) -> None:
         """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget)."""

@@ -45,6 +45,7 @@ class _Rollout:
     speculative: bool
     priority: int
     chain: list[list[Child]] = field(default_factory=list)  # per step: the children expanded (best first)
+    ran_speculatively: list[Child] = field(default_factory=list)  # children expanded at speculative priority
 
 
 @dataclass
@@ -135,6 +136,7 @@ async def mcts_search(
                 finished.result()  # a failed expansion fails the search
                 leaf = _fold(tree, rollout)
                 consumed += [c for step in rollout.chain for c in step]
+                source.used(rollout.ran_speculatively)
                 folded += 1
                 if rollout.speculative:  # folded in as one of the simulations
                     source.promote()
@@ -156,7 +158,10 @@ async def _rollout(task: Task, source: ChildSource, config: TreeSearchConfig, st
     parent, first = start, r.index
     while True:
         keys = [ChildKey(parent.state, first + i) for i in range(width)]
-        children = await asyncio.gather(*(source.expand(k, r.priority) for k in keys))
+        priority = r.priority  # a promoted rollout's later steps run as primary work
+        children = await asyncio.gather(*(source.expand(k, priority) for k in keys))
+        if priority == SPECULATIVE:
+            r.ran_speculatively += children
         step = sorted(children, key=lambda c: -c.reward)  # REST-MCTS keeps the best by process reward
         r.chain.append(step)
         parent, first = step[0], 0

@@ -82,6 +82,8 @@ class ChildSource(Protocol):
 
     def promote(self) -> None: ...
 
+    def used(self, expansions: Sequence[Child]) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -107,6 +109,9 @@ class PlainSource:
         return asyncio.create_task(work)
 
     def promote(self) -> None:
+        pass
+
+    def used(self, expansions: Sequence[Child]) -> None:
         pass
 
     async def close(self) -> None:
