@@ -615,6 +615,20 @@ class TreeSearchOptions:
         default=8, **opt("SPEX: expansions in flight over all queries, primary + speculative (bench spex measures it)")
     )
     lookahead: int = field(default=2, **opt("SPEX BFS: layers expanded ahead"))
+    fill_rows: int = field(
+        default=8,
+        **opt(
+            "SPEX, local engine: forward rows a speculative prompt may fill in chunks beside primary decoding, so "
+            "it never stalls it (0: prefilled at once, as a primary prompt)"
+        ),
+    )
+    dfs_speculation: Literal["exact", "fold"] = field(
+        default="exact",
+        **opt(
+            "SPEX MCTS: exact pre-runs the rollouts the search is predicted to select next (its tree and answers "
+            "stay the plain search's); fold folds extra virtual-loss rollouts in as simulations (the paper's)"
+        ),
+    )
     early_stop: bool = field(default=False, **opt("stop a query once the weighted vote is settled (SPEX)"))
     min_answers: int = field(default=4, **opt("early stop: answers needed first (t)"))
     alpha: float = field(default=0.5, **opt("early stop: margin alpha in conf1 - conf2 > alpha avg(w2)"))
@@ -629,8 +643,8 @@ class TreeSearchOptions:
     def __post_init__(self) -> None:
         if min(self.budget, self.max_children, self.rest_children, self.queries_in_flight, self.min_answers) < 1:
             raise ValueError("--budget, --max-children, --rest-children, --queries-in-flight, --min-answers: >= 1")
-        if self.k_total < 0 or self.lookahead < 0 or self.balance_temperature <= 0:
-            raise ValueError("--k-total and --lookahead must be >= 0, --balance-temperature > 0")
+        if self.k_total < 0 or self.lookahead < 0 or self.fill_rows < 0 or self.balance_temperature <= 0:
+            raise ValueError("--k-total, --lookahead and --fill-rows must be >= 0, --balance-temperature > 0")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ def tree_config(search: SearchOptions, tree: TreeSearchOptions) -> TreeSearchCon
         rest_children=tree.rest_children,
         lambda_kv=tree.lambda_kv,
         lambda_cov=tree.lambda_cov,
+        dfs_speculation=tree.dfs_speculation,
     )
 
 
@@ -78,7 +79,7 @@ def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
     return ExploreConfig(tree.explore, tree.k_total, tree.lookahead, 1.0, tree.early_stop, tree.min_answers, tree.alpha)
 
 
-def make_backend(model: ModelOptions, draft: DraftOptions, options: BackendOptions, pipe=None):
+def make_backend(model: ModelOptions, draft: DraftOptions, options: BackendOptions, pipe=None, fill_rows: int = 8):
     """The async backend the options name: the local engine over ``pipe`` (loaded if None) or servers."""
     if options.backend == "openai":
         from spectot.backends.openai import OpenAIBackend
@@ -89,7 +90,9 @@ def make_backend(model: ModelOptions, draft: DraftOptions, options: BackendOptio
 
     if pipe is None:
         pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
-    return LocalEngineBackend.from_pipeline(pipe, options.method, options.max_streams, name=model.target)
+    return LocalEngineBackend.from_pipeline(
+        pipe, options.method, options.max_streams, name=model.target, fill_rows=fill_rows
+    )
 
 
 def run_tree_solve(

@@ -5,7 +5,8 @@
   tree — only faster;
 - no expansion is lost or run twice for the search, primary requests always go at priority 0,
   speculative work never exceeds the budget, and cancellation releases every unit of budget;
-- MCTS with speculation folds exactly ``budget`` rollouts and counts its hits.
+- MCTS with exact speculation (the default) is the plain search, tree for tree; with the paper's folding
+  it folds exactly ``budget`` rollouts and counts its hits.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -22,9 +24,10 @@ from spectot.explore.explorer import Explorer, SharedBudget, expected_widths
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.explore.termination import settled
 from spectot.search.bfs import reward_balanced_search, width_rule
-from spectot.search.expansion import Child, ExpansionSampling, Expander
-from spectot.search.mcts import mcts_search
-from spectot.search.tree_search import PlainSource, TreeSearchConfig
+from spectot.search.expansion import Child, ChildKey, ExpansionSampling, Expander
+from spectot.search.mcts import _claim, _fold, _predicted, _Tree, mcts_search
+from spectot.search.tree_search import PlainSource, TreeSearchConfig, root_child
+from spectot.search.uct import MctsTree
 from spectot.tasks.base import Problem, StepRequest, Task
 
 
@@ -168,8 +171,54 @@ def test_mcts_without_speculation_is_the_plain_algorithm(algorithm) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["rstar", "rest-mcts"])
+@pytest.mark.parametrize("latency_seed", [0, 1, 2, 3])
+def test_mcts_exact_speculation_is_the_plain_search(algorithm, latency_seed) -> None:
+    config = TreeSearchConfig(algorithm, budget=10, max_children=4, rest_children=2)
+    plain, _, _ = run(mcts_search, PlainSource, config, seed=latency_seed)
+    budget = SharedBudget(k_total=4)
+    on, explorer, _ = run(mcts_search, lambda e: Explorer(e, budget), config, seed=latency_seed)
+    assert shape(on) == shape(plain)  # the same expansions in the same order, the same leaves and answer
+    counters = explorer.counters
+    assert 0 < counters.hits <= counters.speculated  # pre-runs were used, none counted twice
+    assert counters.expansions_used == len(on.expansions) and 0 < counters.saving_rate < 1
+    assert counters.budget_peak <= 4 and budget.in_flight.get(0, 0) == 0 and budget.primary == 0
+
+
+def test_exact_speculation_predicts_the_next_selections() -> None:
+    """The worked example of ``_predicted``: the root's other indices come whatever the rewards, then the
+    descents reach the children still being rolled out, with nothing known below them to pre-run."""
+    c = TreeSearchConfig("rstar").c
+
+    def predicted(tree, chains, pending, n=5):
+        return [(start.state, index) for start, index in _predicted(tree, chains, pending, n, c)]
+
+    def new_tree():
+        return _Tree(MctsTree(children={}), {0: root_child()}, {}, 3, 1, 3)
+
+    tree = new_tree()
+    assert predicted(tree, {}, _claim(tree, (0,))) == [((), 1), ((), 2)]
+    # the same, but the running rollout's first step is known (a, reward 0.9): after the root's indices, the
+    # root's children (a and the two rollouts of indices 1 and 2) each have one visit at the stand-in 0.5,
+    # the tie goes to the first, a, whose index 1 comes next; a now has two visits, so the two unknown
+    # children take a descent each (nothing to pre-run), and then a's index 2 is the hedge
+    tree = new_tree()
+    a = replace(Child.make_dummy((), 0, reward=0.9), final=False)
+    pending = _claim(tree, (0,))
+    pending.chain.append([a])
+    expected = [((), 1), ((), 2), (a.state, 1), (a.state, 2)]
+    assert predicted(tree, {ChildKey((), 0): pending.chain}, pending) == expected
+    # a's rollout folded (reward 0.9: the stand-in is now 0.9), the next pending at the root's index 1: the
+    # root's index 2, then a's indices 1 and 2 as above; a is then full and nothing known is left
+    tree = new_tree()
+    first = _claim(tree, (0,))
+    first.chain = [[a]]
+    _fold(tree, first)
+    assert predicted(tree, {}, _claim(tree, (0,))) == [((), 2), (a.state, 1), (a.state, 2)]
+
+
+@pytest.mark.parametrize("algorithm", ["rstar", "rest-mcts"])
 def test_mcts_speculation_folds_every_rollout_and_releases_budget(algorithm) -> None:
-    config = TreeSearchConfig(algorithm, budget=8, max_children=4, rest_children=2)
+    config = TreeSearchConfig(algorithm, budget=8, max_children=4, rest_children=2, dfs_speculation="fold")
     budget = SharedBudget(k_total=3)
     result, explorer, backend = run(mcts_search, lambda e: Explorer(e, budget), config)
     assert 1 <= len(result.leaves) <= 8

@@ -32,11 +32,19 @@ class LocalEngineBackend:
         self.num_draft_tokens, self.name, self.max_context = num_draft_tokens, name, max_context
 
     @classmethod
-    def from_pipeline(cls, pipe, method: Method = "ar", max_streams: int = 64, name: str | None = None, budget=None):
-        """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``)."""
+    def from_pipeline(
+        cls,
+        pipe,
+        method: Method = "ar",
+        max_streams: int = 64,
+        name: str | None = None,
+        budget=None,
+        fill_rows: int = 8,
+    ):
+        """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``."""
         if method == "sd" and pipe.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with a draft (e.g. draft='ngram')")
-        engine = ContinuousEngine(pipe.decoder, max_streams=max_streams, budget=budget)
+        engine = ContinuousEngine(pipe.decoder, max_streams=max_streams, budget=budget, fill_rows=fill_rows)
         alias = name or pipe.target.name
         return cls(engine, pipe.target.tokenizer, method, name=alias, max_context=pipe.runner.max_context)
 

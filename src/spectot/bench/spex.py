@@ -117,7 +117,7 @@ def run_bench_spex(
         for task, search, queries, variant, first in todo:
             explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
-            backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target)
+            backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target, fill_rows=tree.fill_rows)
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
             size = _chunk_size(opts, queries, first)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=size, offset=first)
@@ -217,12 +217,14 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         if variant == "plain" and search in BFS and curve is not None:
             chunks = [records[(*cell, first)] for first in done]
             row["machine_ceiling"] = machine_ceiling(chunks, curve, queries, value["k_total"], config_key["lookahead"])
-        row["speedup_vs_plain"] = row["accuracy_delta_vs_plain"] = None
+        row["speedup_vs_plain"] = row["accuracy_delta_vs_plain"] = row["same_answers_as_plain"] = None
         if both:
             plain = cell_value([records[(task, search, queries, "plain", first)] for first in both])
             mine = value if both == done else cell_value([records[(*cell, first)] for first in both])
             row["speedup_vs_plain"] = plain["seconds"] / mine["seconds"]
             row["accuracy_delta_vs_plain"] = mine["accuracy"] - plain["accuracy"]
+            same = [mine["answers"][q] == a for q, a in plain["answers"].items()]
+            row["same_answers_as_plain"] = [sum(same), len(same)]
         rows.append(row)
     if curve is not None:  # derived here, so a stored curve always shows the current rule's k_total
         curve = {**curve, "k_total": config_key.get("fixed_k_total") or _k_total(curve)}
@@ -339,15 +341,17 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
         "| task | search | in flight | variant | questions | q/min | speedup vs plain | accuracy | Δ acc | "
-        "speculated | hit rate | saving rate | wasted tok | spec in flight per query (mean / peak) | early stops | "
-        "ceiling | ceiling here |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "answers = plain | speculated | hit rate | saving rate | wasted tok | spec in flight per query (mean / peak) "
+        "| early stops | ceiling | ceiling here |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        same = r.get("same_answers_as_plain")
         lines.append(
             f"| {r['task']} | {r['search']} | {r['in_flight']} | {r['variant']} | {r['problems']} | "
             f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])} | {fmt(r['accuracy'])} | "
-            f"{fmt(r['accuracy_delta_vs_plain'])} | {r['speculated']} | {fmt(r['hit_rate'])} | "
+            f"{fmt(r['accuracy_delta_vs_plain'])} | {'-' if same is None else f'{same[0]}/{same[1]}'} | "
+            f"{r['speculated']} | {fmt(r['hit_rate'])} | "
             f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {_budget_use(r)} | {r['stopped_early']} | "
             f"{fmt(_ceiling(r))} | {fmt(r.get('machine_ceiling'))} |"
         )
@@ -357,6 +361,14 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
         f"Thoughts sampled at temperature {sampling.thought_temperature:g}, top-p {sampling.thought_top_p:g}; "
         f"evaluations at temperature {sampling.eval_temperature:g}.",
     ]
+    if any(r["search"] in ("rstar", "rest-mcts") and "spex" in r["variant"] for r in rows):
+        mode = (config or {}).get("dfs_speculation", "fold")  # runs before the option existed folded
+        lines += [
+            "",
+            f"MCTS speculation: {mode} (exact: the sequential search with its predicted next rollouts pre-run, "
+            "the plain search's tree and answers; fold: the paper's extra virtual-loss rollouts folded in as "
+            "simulations, a different search).",
+        ]
     if any(_ceiling(r) is not None for r in rows):
         lines += [
             "",

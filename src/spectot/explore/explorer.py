@@ -10,7 +10,8 @@ search will probably ask for next:
     BFS  a level child that finished early is expanded ahead with the algorithm's own width rule over
          its finished siblings and, for each sibling still running, a stand-in scored at their mean
          reward (``expected_widths``), ``lookahead`` layers deep;
-    DFS  the search itself asks for ``spare()`` extra rollouts selected with virtual visits.
+    DFS  the search itself asks for ``spare()`` extra rollouts: pre-runs of its predicted next
+         selections made of ``ahead`` expansions (exact), or rollouts it folds in (the paper's).
 Speculative work runs at backend priority 1 (primary work is admitted first) and only within the
 query's share of the global budget (``SharedBudget``); primary work never waits for budget. A
 speculated expansion the search later asks for is a *hit* (awaited, not re-run); the subtrees the
@@ -96,12 +97,15 @@ class SharedBudget:
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
         return max(0, min(mine, free, wanted))
 
-    def started(self, query: int) -> None:
-        self.in_flight[query] = self.in_flight.get(query, 0) + 1
-        self.speculated[query] = self.speculated.get(query, 0) + 1
+    def started(self, query: int, units: int = 1) -> None:
+        self.in_flight[query] = self.in_flight.get(query, 0) + units
 
-    def finished(self, query: int) -> None:
-        self.in_flight[query] -= 1
+    def finished(self, query: int, units: int = 1) -> None:
+        self.in_flight[query] -= units
+
+    def tried(self, query: int) -> None:
+        """One more speculative unit (an expansion, or a folded-in rollout) that may become a hit."""
+        self.speculated[query] = self.speculated.get(query, 0) + 1
 
     def hit(self, query: int) -> None:
         self.hits[query] = self.hits.get(query, 0) + 1
@@ -157,6 +161,16 @@ class Explorer:
             self.counters.used_tokens += child.tokens
         return child
 
+    def ahead(self, key: ChildKey) -> asyncio.Future:
+        """The child at ``key``, pre-run speculatively if nobody ran it yet (DFS exact: a step of a predicted
+        rollout); the search's own ``expand(key)`` later takes it over as a hit. It holds no budget of its
+        own: the pre-run it belongs to does (``reserve``), so the budget never lapses between its steps."""
+        job = self._jobs.get(key)
+        if job is None or job.task.cancelled():
+            self._tried()
+            job = self._jobs[key] = _Job(asyncio.create_task(self.expander.expand(key, SPECULATIVE)), True)
+        return asyncio.shield(job.task)
+
     async def level(self, keys: Sequence[ChildKey], rule: WidthRule | None = None, budget: int = 0) -> list[Child]:
         """Every child of a BFS level; with speculation, each finished non-final child is expanded
         ahead (``rule`` over its finished siblings, ``budget`` the level's remaining width)."""
@@ -180,7 +194,16 @@ class Explorer:
         """Run a unit of the search's own work (a DFS rollout); a speculative one holds budget."""
         task = asyncio.create_task(work)
         if speculative and self.budget is not None:
+            self._tried()
             self._hold(task)
+        return task
+
+    def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task:
+        """Run a pre-run (DFS exact: a predicted rollout of ``ahead`` steps) holding ``units`` of the query's
+        budget while it runs (its width: the expansions it runs at once)."""
+        task = asyncio.create_task(work)
+        if self.budget is not None:
+            self._hold(task, units)
         return task
 
     def promote(self) -> None:
@@ -256,18 +279,23 @@ class Explorer:
     def _launch(self, key: ChildKey) -> asyncio.Task:
         task = asyncio.create_task(self.expander.expand(key, SPECULATIVE))
         self._jobs[key] = _Job(task, speculative=True)
+        self._tried()
         self._hold(task)  # speculation runs only under a budget (``speculating``)
         return task
 
-    def _hold(self, task: asyncio.Task) -> None:
-        """A speculative expansion holds the query's budget until it ends, and counts toward its budget use."""
+    def _tried(self) -> None:
         self.counters.speculated += 1
-        self.budget.started(self.query)
+        if self.budget is not None:
+            self.budget.tried(self.query)
+
+    def _hold(self, task: asyncio.Task, units: int = 1) -> None:
+        """Speculative work holds ``units`` of the query's budget until it ends, and counts toward its budget use."""
+        self.budget.started(self.query, units)
         self.counters.budget_peak = max(self.counters.budget_peak, self.budget.in_flight[self.query])
         began = time.perf_counter()
 
         def done(_: asyncio.Task) -> None:
-            self.budget.finished(self.query)
+            self.budget.finished(self.query, units)
             self.counters.speculative_seconds += time.perf_counter() - began
 
         task.add_done_callback(done)

@@ -7,19 +7,30 @@ One simulation (llm-reasoners' phases):
     _fold      the rollout's nodes join the tree; its terminal reward is backed up along the path
 ``budget`` simulations in all; the answer is the weighted vote over the terminal leaves.
 
-SPEX's DFS speculation: while the next (primary) rollout runs, ``source.spare()`` more rollouts start
-at the nodes the next UCT selections would pick if the running ones came back with a virtual loss
-(virtual visit, value 0). Each is folded into the tree when it finishes and counts as one of the
-``budget`` simulations; when the real selection reaches a node a speculative rollout already started
-from, that rollout becomes the primary one. Either way the search used it (a hit); rollouts still
-running when the search ends are the waste. With no spare budget this is the sequential algorithm
-exactly.
+SPEX's DFS speculation, two ways (``TreeSearchConfig.dfs_speculation``):
+
+exact (default)  the search is the sequential algorithm, step for step. While its rollout runs,
+    ``_predicted`` plays the next selections forward with every pending rollout backed up at a
+    stand-in reward (the mean reward so far) and ``source.spare()`` of them are pre-run: each is a
+    rollout of ``source.ahead`` expansions, kept by the explorer under their ``ChildKey``. An
+    expansion's seed is a function of its key, so when the real selection reaches a pre-run
+    (node, index) its steps are hits and the tree, the leaves and the answer are the plain
+    algorithm's; a pre-run the prediction drops is cancelled (its finished steps stay, in case the
+    search comes back to that node).
+fold (the paper)  the ``spare()`` extra rollouts start at the nodes the next UCT selections would pick
+    if the running ones came back with a virtual loss (virtual visit, value 0). Each is folded into
+    the tree when it finishes and counts as one of the ``budget`` simulations; when the real
+    selection reaches a node a speculative rollout already started from, that rollout becomes the
+    primary one. Every speculative rollout is used, but the search is no longer the sequential one
+    (parallel MCTS with virtual loss), so its answers can differ.
+With no spare budget both are the sequential algorithm exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey
@@ -44,8 +55,11 @@ class _Rollout:
     index: int  # the child index it takes at the start node
     speculative: bool
     priority: int
+    ahead: bool = False  # exact speculation: a pre-run whose steps the explorer keeps for the search
     chain: list[list[Child]] = field(default_factory=list)  # per step: the children expanded (best first)
     ran_speculatively: list[Child] = field(default_factory=list)  # children expanded at speculative priority
+    waiting: list[ChildKey] = field(default_factory=list)  # the step being expanded now
+    progress: asyncio.Event | None = None  # set after each step (exact speculation re-plans)
 
 
 @dataclass
@@ -89,6 +103,141 @@ async def mcts_search(
     max_depth = min(config.max_depth or task.depth, RSTAR_MAX_DEPTH)
     width = config.rest_children if config.algorithm == "rest-mcts" else 1
     tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, max(config.max_children, width), width, max_depth)
+    search = _exact_search if config.dfs_speculation == "exact" else _folding_search
+    return await search(task, problem, source, config, stop, tree)
+
+
+async def _exact_search(
+    task: Task, problem: Problem, source: ChildSource, config: TreeSearchConfig, stop: StopRule | None, tree: _Tree
+) -> TreeSearchResult:
+    """The sequential algorithm; speculation only pre-runs the rollouts of its predicted next selections."""
+    ahead: dict[ChildKey, tuple[asyncio.Task, _Rollout]] = {}  # a pre-run's first child -> the pre-run
+    progress = asyncio.Event()  # a rollout finished a step: the prediction may change
+    leaves: list[Child] = []
+    consumed: list[Child] = []
+    try:
+        for simulation in range(config.budget):
+            path = uct_path(tree.uct_view([]), config.c)
+            start = tree.nodes[path[-1]]
+            if not tree.free(path[-1]):  # a dead end (terminal, or unanswered at the depth limit): backed up again
+                tree.stats = backup(tree.stats, path, start.reward)
+                continue
+            rollout = _claim(tree, path, progress)
+            run = asyncio.ensure_future(_rollout(task, source, config, start, rollout, tree.max_depth))
+            taken = ahead.pop(ChildKey(start.state, rollout.index), None)
+            if taken is not None:  # the search's rollout takes over the pre-run's steps as hits
+                taken[0].cancel()
+            while not run.done():
+                progress.clear()
+                _pre_run(task, source, config, tree, rollout, ahead, config.budget - simulation - 1)
+                woken = asyncio.ensure_future(progress.wait())
+                pre_runs = [t for t, _ in ahead.values() if not t.done()]
+                await asyncio.wait([run, woken, *pre_runs], return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+            run.result()  # a failed expansion fails the search
+            leaves.append(_fold(tree, rollout))
+            consumed += [c for step in rollout.chain for c in step]
+            if stop is not None and stop(vote(task, leaves), len(leaves)):
+                return result_of(task, problem, leaves, consumed, stopped=True)
+        return result_of(task, problem, leaves, consumed, stopped=False)
+    finally:
+        for t, _ in ahead.values():
+            t.cancel()
+        await asyncio.gather(*(t for t, _ in ahead.values()), return_exceptions=True)
+
+
+def _claim(tree: _Tree, path: tuple[int, ...], progress: asyncio.Event | None = None) -> _Rollout:
+    """The sequential search's rollout from ``path[-1]``: it takes the node's next child index."""
+    rollout = _Rollout(path, tree.next_index.get(path[-1], 0), False, PRIMARY, progress=progress)
+    tree.next_index[path[-1]] = rollout.index + tree.width
+    return rollout
+
+
+def _pre_run(
+    task: Task,
+    source: ChildSource,
+    config: TreeSearchConfig,
+    tree: _Tree,
+    primary: _Rollout,
+    ahead: dict[ChildKey, tuple[asyncio.Task, _Rollout]],
+    remaining: int,
+) -> None:
+    """Keep the likeliest predicted rollouts pre-running, as many as the query's budget grants (in expansions:
+    a rollout runs ``width`` at a time); a running pre-run the prediction no longer holds is cancelled."""
+    chains = {ChildKey(tree.nodes[primary.path[-1]].state, primary.index): primary.chain}
+    chains |= {key: r.chain for key, (_, r) in ahead.items()}
+    running = {k for k, (t, _) in ahead.items() if not t.done()}
+    predicted = [
+        (start, ChildKey(start.state, index))
+        for start, index in _predicted(tree, chains, primary, remaining, config.c)
+        if ChildKey(start.state, index) not in ahead or ChildKey(start.state, index) in running
+    ]
+    new = source.spare((len(predicted) - len(running)) * tree.width) // tree.width
+    keep = predicted[: len(running) + new]
+    for key in running - {key for _, key in keep}:
+        t, dropped = ahead.pop(key)
+        t.cancel()
+        source.retain(lambda k, waiting=frozenset(dropped.waiting): k not in waiting)
+    for start, key in [(s, k) for s, k in keep if k not in ahead][:new]:
+        rollout = _Rollout((), key.index, True, SPECULATIVE, ahead=True, progress=primary.progress)
+        work = _rollout(task, source, config, start, rollout, tree.max_depth)
+        ahead[key] = (source.reserve(work, tree.width), rollout)
+
+
+def _predicted(
+    tree: _Tree, chains: Mapping[ChildKey, list[list[Child]]], pending: _Rollout, n: int, c: float
+) -> list[tuple[Child, int]]:
+    """(start node, child index) of the next ``n`` selections of the sequential search, likeliest first, with
+    the ``pending`` rollout and every predicted one grafted on as far as they are known (``chains``: their
+    steps so far) and backed up at their leaf's reward, or a stand-in while they run (the mean so far).
+
+    A rollout still running ends in an unknown child (an id not in ``nodes``). A descent that picks an
+    unknown child names no rollout to pre-run: it leaves a virtual visit on its path and the next descent
+    hedges on the likeliest known alternative. A dead end is backed up with its own reward, as the search
+    does. Worked example (rStar, 3 children a node): the search's first rollout pending at the root with
+    nothing known yet, n = 3 -> [(root, 1), (root, 2)]: the root's indices 1 and 2 come whatever the
+    rewards; the third descent enters the unknown child of index 0 (nothing known below it to pre-run).
+    """
+    visits = tree.stats.visits.get(0, 0.0)
+    stand_in = tree.stats.value.get(0, 0.0) / visits if visits else 0.5
+    view = replace(tree, nodes=dict(tree.nodes), next_index=dict(tree.next_index), ids=itertools.count(-1, -1))
+
+    def pend(path: tuple[int, ...], index: int) -> None:
+        chain = chains.get(ChildKey(view.nodes[path[-1]].state, index), [])
+        grown = _graft(view, path, chain)
+        leaf = chain[-1][0] if chain else None
+        if leaf is not None and (leaf.final or len(leaf.state) >= view.max_depth):
+            view.stats = backup(view.stats, grown, leaf.reward)
+            return
+        unknown = next(view.ids)
+        children = dict(view.stats.children)
+        children[grown[-1]] = tuple(children.get(grown[-1], ())) + (unknown,)
+        view.stats = backup(replace(view.stats, children=children), (*grown, unknown), stand_in)
+
+    pend(pending.path, pending.index)
+    selections: list[tuple[Child, int]] = []
+    for _ in range(4 * n):  # each descent names a rollout, backs up a dead end, or visits an unknown child
+        if len(selections) == n:
+            break
+        path = uct_path(view.uct_view([]), c)
+        start = path[-1]
+        if start not in view.nodes:
+            view.stats = backup(view.stats, path, stand_in)
+            continue
+        if not view.free(start):
+            view.stats = backup(view.stats, path, view.nodes[start].reward)
+            continue
+        index = view.next_index.get(start, 0)
+        selections.append((view.nodes[start], index))
+        view.next_index[start] = index + view.width
+        pend(path, index)
+    return selections
+
+
+async def _folding_search(
+    task: Task, problem: Problem, source: ChildSource, config: TreeSearchConfig, stop: StopRule | None, tree: _Tree
+) -> TreeSearchResult:
+    """The paper's DFS speculation: speculative rollouts are folded in as simulations of their own."""
     running: dict[asyncio.Task, _Rollout] = {}
     primary: _Rollout | None = None
     leaves: list[Child] = []
@@ -100,7 +249,7 @@ async def mcts_search(
         start = path[-1]
         rollout = _Rollout(path, tree.next_index.get(start, 0), speculative, SPECULATIVE if speculative else PRIMARY)
         tree.next_index[start] = rollout.index + tree.width
-        work = _rollout(task, source, config, tree.nodes[start], rollout, max_depth)
+        work = _rollout(task, source, config, tree.nodes[start], rollout, tree.max_depth)
         running[source.start(work, speculative)] = rollout
         launched += 1
         return rollout
@@ -157,30 +306,40 @@ async def _rollout(task: Task, source: ChildSource, config: TreeSearchConfig, st
     width = config.rest_children if config.algorithm == "rest-mcts" else 1
     parent, first = start, r.index
     while True:
-        keys = [ChildKey(parent.state, first + i) for i in range(width)]
+        r.waiting = [ChildKey(parent.state, first + i) for i in range(width)]
         priority = r.priority  # a promoted rollout's later steps run as primary work
-        children = await asyncio.gather(*(source.expand(k, priority) for k in keys))
-        if priority == SPECULATIVE:
+        if r.ahead:
+            children = await asyncio.gather(*[source.ahead(k) for k in r.waiting])  # started before the await
+        else:
+            children = await asyncio.gather(*(source.expand(k, priority) for k in r.waiting))
+        if priority == SPECULATIVE and not r.ahead:
             r.ran_speculatively += children
         step = sorted(children, key=lambda c: -c.reward)  # REST-MCTS keeps the best by process reward
         r.chain.append(step)
+        if r.progress is not None:
+            r.progress.set()
         parent, first = step[0], 0
         if parent.final or len(parent.state) >= depth:
             return
 
 
 def _fold(tree: _Tree, r: _Rollout) -> Child:
-    """Add the rollout's nodes (the kept one of each step continues the path) and back up its reward;
-    returns its last child (terminal, or unanswered at the depth limit)."""
-    parent, path = r.path[-1], list(r.path)
-    for j, step in enumerate(r.chain):
+    """Add the rollout's nodes and back up its reward; returns its last child (terminal, or unanswered at
+    the depth limit)."""
+    path, leaf = _graft(tree, r.path, r.chain), r.chain[-1][0]
+    tree.stats = backup(tree.stats, path, leaf.reward)
+    return leaf
+
+
+def _graft(tree: _Tree, path: tuple[int, ...], chain: list[list[Child]]) -> tuple[int, ...]:
+    """Add a rollout's steps under ``path[-1]`` (the kept child of each step continues the path; it took
+    child indices 0 .. width - 1 of the node above); returns ``path`` grown by the kept nodes."""
+    parent, grown = path[-1], list(path)
+    for step in chain:
         kept = tree.add(parent, step[0])
         for sibling in step[1:]:
             tree.add(parent, sibling)
-        if j + 1 < len(r.chain):  # the next step took child indices 0 .. width - 1 of the kept node
-            tree.next_index[kept] = len(r.chain[j + 1])
-        path.append(kept)
+        tree.next_index[kept] = tree.width  # its own step (the next one, or the one running) took 0 .. width - 1
+        grown.append(kept)
         parent = kept
-    leaf = r.chain[-1][0]
-    tree.stats = backup(tree.stats, path, leaf.reward)
-    return leaf
+    return tuple(grown)

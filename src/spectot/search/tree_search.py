@@ -14,11 +14,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from spectot.search.expansion import PRIMARY, Child, ChildKey, Expander
+from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
 from spectot.search.rebase import AnswerGroup, weighted_vote
 from spectot.tasks.base import Problem, Task
 
 Algorithm = Literal["rebase", "ets", "rstar", "rest-mcts"]
+DfsSpeculation = Literal["exact", "fold"]  # search/mcts.py: the sequential search kept, or the paper's folding
 StopRule = Callable[[Sequence[AnswerGroup], int], bool]  # (vote groups, answers so far) -> stop now
 
 
@@ -34,6 +35,7 @@ class TreeSearchConfig:
     lambda_kv: float = 1.0  # ETS: weight of the KV cost (retained nodes)
     lambda_cov: float = 1.4  # ETS: weight of semantic coverage
     cluster_threshold: float = 0.6  # ETS: cosine distance at which step texts fall in one cluster
+    dfs_speculation: DfsSpeculation = "exact"  # MCTS with SPEX: pre-run predicted rollouts, or fold extra ones in
 
     def __post_init__(self) -> None:
         if self.budget < 1:
@@ -44,6 +46,8 @@ class TreeSearchConfig:
             raise ValueError(f"max_depth must be >= 0 (0 = the task's depth), got {self.max_depth}")
         if self.max_children < 1 or self.rest_children < 1:
             raise ValueError("max_children and rest_children must be >= 1")
+        if self.dfs_speculation not in ("exact", "fold"):
+            raise ValueError(f"dfs_speculation must be 'exact' or 'fold', got {self.dfs_speculation!r}")
 
 
 @dataclass
@@ -72,6 +76,8 @@ class TreeSearchResult:
 class ChildSource(Protocol):
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child: ...
 
+    def ahead(self, key: ChildKey) -> asyncio.Future: ...
+
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]: ...
 
     def retain(self, keep: Callable[[ChildKey], bool]) -> None: ...
@@ -79,6 +85,8 @@ class ChildSource(Protocol):
     def spare(self, wanted: int, depth: int = 1) -> int: ...
 
     def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task: ...
+
+    def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task: ...
 
     def promote(self) -> None: ...
 
@@ -96,6 +104,9 @@ class PlainSource:
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
         return await self.expander.expand(key, priority)
 
+    def ahead(self, key: ChildKey) -> asyncio.Future:
+        return asyncio.ensure_future(self.expander.expand(key, SPECULATIVE))
+
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]:
         return list(await asyncio.gather(*(self.expand(k) for k in keys)))
 
@@ -106,6 +117,9 @@ class PlainSource:
         return 0
 
     def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task:
+        return asyncio.create_task(work)
+
+    def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task:
         return asyncio.create_task(work)
 
     def promote(self) -> None:
