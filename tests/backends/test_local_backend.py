@@ -1,6 +1,7 @@
 """The local engine behind the async backend interface, on a tiny fp32 checkpoint.
 
-- concurrent greedy completions equal the Pipeline's own greedy generate, text for text;
+- concurrent greedy completions equal the Pipeline's own greedy generate, text for text, with speculative
+  (priority 1) prompts prefilled at once or in chunks beside the primary ones;
 - logprobs are the target's log-probabilities of the emitted tokens;
 - streamed pieces join to the completion's text and stop strings never leak into them;
 - cancelling the awaiting task abandons the request and later requests still complete.
@@ -29,13 +30,16 @@ def pipe(tiny_checkpoint) -> Pipeline:
 
 
 @pytest.mark.parametrize("method", ["ar", "sd"])
-def test_concurrent_greedy_completions_equal_pipeline(pipe, method) -> None:
+@pytest.mark.parametrize("fill_rows", [0, 2])  # speculative prompts prefilled at once, or 2 rows a step
+def test_concurrent_greedy_completions_equal_pipeline(pipe, method, fill_rows) -> None:
     want = [g.text for g in pipe.generate(PROMPTS, max_new_tokens=12, method="ar")]
 
     async def main():
-        backend = LocalEngineBackend.from_pipeline(pipe, method=method)
+        backend = LocalEngineBackend.from_pipeline(pipe, method=method, fill_rows=fill_rows)
+        assert backend.engine.fill_rows == fill_rows
+        requests = [CompletionRequest(p, 12, chat=True, priority=i % 2) for i, p in enumerate(PROMPTS)]
         try:
-            return await asyncio.gather(*(backend.complete(CompletionRequest(p, 12, chat=True)) for p in PROMPTS))
+            return await asyncio.gather(*(backend.complete(r) for r in requests))
         finally:
             await backend.aclose()
 
