@@ -10,9 +10,10 @@ One simulation (llm-reasoners' phases):
 SPEX's DFS speculation, two ways (``TreeSearchConfig.dfs_speculation``):
 
 exact (default)  the search is the sequential algorithm, step for step. While its rollout runs,
-    ``_predicted`` plays the next selections forward with every pending rollout backed up at a
-    stand-in reward (the mean reward so far) and ``source.spare()`` of them are pre-run: each is a
-    rollout of ``source.ahead`` expansions, kept by the explorer under their ``ChildKey``. An
+    ``_predicted`` plays the next selections forward with every pending rollout grafted on as far as
+    its steps are known (backed up at its leaf's reward, or the mean reward so far while it runs) and
+    ``source.spare()`` of them are pre-run: each is a rollout of ``source.ahead`` expansions, kept by
+    the explorer under their ``ChildKey``. An
     expansion's seed is a function of its key, so when the real selection reaches a pre-run
     (node, index) its steps are hits and the tree, the leaves and the answer are the plain
     algorithm's; a pre-run the prediction drops is cancelled (its finished steps stay, in case the
@@ -167,11 +168,9 @@ def _pre_run(
     chains = {ChildKey(tree.nodes[primary.path[-1]].state, primary.index): primary.chain}
     chains |= {key: r.chain for key, (_, r) in ahead.items()}
     running = {k for k, (t, _) in ahead.items() if not t.done()}
-    predicted = [
-        (start, ChildKey(start.state, index))
-        for start, index in _predicted(tree, chains, primary, remaining, config.c)
-        if ChildKey(start.state, index) not in ahead or ChildKey(start.state, index) in running
-    ]
+    selections = _predicted(tree, chains, primary, remaining, config.c)
+    predicted = [(start, ChildKey(start.state, i)) for start, i in selections]
+    predicted = [(start, key) for start, key in predicted if key not in ahead or key in running]  # finished: kept
     new = source.spare((len(predicted) - len(running)) * tree.width) // tree.width
     keep = predicted[: len(running) + new]
     for key in running - {key for _, key in keep}:
