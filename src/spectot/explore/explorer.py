@@ -157,8 +157,7 @@ class Explorer:
         job.used = True
         child = await asyncio.shield(job.task)  # a caller giving up must not cancel a shared expansion
         if first_use:
-            self.counters.expansions_used += 1
-            self.counters.used_tokens += child.tokens
+            self._consumed([child])
         return child
 
     def ahead(self, key: ChildKey) -> asyncio.Future:
@@ -166,10 +165,8 @@ class Explorer:
         rollout); the search's own ``expand(key)`` later takes it over as a hit. It holds no budget of its
         own: the pre-run it belongs to does (``reserve``), so the budget never lapses between its steps."""
         job = self._jobs.get(key)
-        if job is None or job.task.cancelled():
-            self._tried()
-            job = self._jobs[key] = _Job(asyncio.create_task(self.expander.expand(key, SPECULATIVE)), True)
-        return asyncio.shield(job.task)
+        task = self._launch(key, hold=False) if job is None or job.task.cancelled() else job.task
+        return asyncio.shield(task)
 
     async def level(self, keys: Sequence[ChildKey], rule: WidthRule | None = None, budget: int = 0) -> list[Child]:
         """Every child of a BFS level; with speculation, each finished non-final child is expanded
@@ -215,8 +212,7 @@ class Explorer:
     def used(self, expansions: Sequence[Child]) -> None:
         """The search consumed ``expansions`` that ran speculatively (a DFS rollout's speculative steps)."""
         self.counters.saved_expansions += len(expansions)
-        self.counters.expansions_used += len(expansions)
-        self.counters.used_tokens += sum(c.tokens for c in expansions)
+        self._consumed(expansions)
 
     def retain(self, keep: Callable[[ChildKey], bool]) -> None:
         """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget)."""
@@ -276,12 +272,18 @@ class Explorer:
     def _primary_done(self) -> None:
         self.budget.primary -= 1
 
-    def _launch(self, key: ChildKey) -> asyncio.Task:
+    def _launch(self, key: ChildKey, hold: bool = True) -> asyncio.Task:
+        """A speculative expansion at ``key``; ``hold``: it holds budget itself (not a pre-run's step)."""
         task = asyncio.create_task(self.expander.expand(key, SPECULATIVE))
         self._jobs[key] = _Job(task, speculative=True)
         self._tried()
-        self._hold(task)  # speculation runs only under a budget (``speculating``)
+        if hold:
+            self._hold(task)  # speculation runs only under a budget (``speculating``)
         return task
+
+    def _consumed(self, expansions: Sequence[Child]) -> None:
+        self.counters.expansions_used += len(expansions)
+        self.counters.used_tokens += sum(c.tokens for c in expansions)
 
     def _tried(self) -> None:
         self.counters.speculated += 1

@@ -124,13 +124,13 @@ async def _exact_search(
                 tree.stats = backup(tree.stats, path, start.reward)
                 continue
             rollout = _claim(tree, path, progress)
-            run = asyncio.ensure_future(_rollout(task, source, config, start, rollout, tree.max_depth))
+            run = asyncio.ensure_future(_rollout(source, tree, start, rollout))
             taken = ahead.pop(ChildKey(start.state, rollout.index), None)
             if taken is not None:  # the search's rollout takes over the pre-run's steps as hits
                 taken[0].cancel()
             while not run.done():
                 progress.clear()
-                _pre_run(task, source, config, tree, rollout, ahead, config.budget - simulation - 1)
+                _pre_run(source, tree, rollout, ahead, config.budget - simulation - 1, config.c)
                 woken = asyncio.ensure_future(progress.wait())
                 pre_runs = [t for t, _ in ahead.values() if not t.done()]
                 await asyncio.wait([run, woken, *pre_runs], return_when=asyncio.FIRST_COMPLETED)
@@ -155,20 +155,19 @@ def _claim(tree: _Tree, path: tuple[int, ...], progress: asyncio.Event | None = 
 
 
 def _pre_run(
-    task: Task,
     source: ChildSource,
-    config: TreeSearchConfig,
     tree: _Tree,
     primary: _Rollout,
     ahead: dict[ChildKey, tuple[asyncio.Task, _Rollout]],
     remaining: int,
+    c: float,
 ) -> None:
     """Keep the likeliest predicted rollouts pre-running, as many as the query's budget grants (in expansions:
     a rollout runs ``width`` at a time); a running pre-run the prediction no longer holds is cancelled."""
     chains = {ChildKey(tree.nodes[primary.path[-1]].state, primary.index): primary.chain}
     chains |= {key: r.chain for key, (_, r) in ahead.items()}
     running = {k for k, (t, _) in ahead.items() if not t.done()}
-    selections = _predicted(tree, chains, primary, remaining, config.c)
+    selections = _predicted(tree, chains, primary, remaining, c)
     predicted = [(start, ChildKey(start.state, i)) for start, i in selections]
     predicted = [(start, key) for start, key in predicted if key not in ahead or key in running]  # finished: kept
     new = source.spare((len(predicted) - len(running)) * tree.width) // tree.width
@@ -179,8 +178,7 @@ def _pre_run(
         source.retain(lambda k, waiting=frozenset(dropped.waiting): k not in waiting)
     for start, key in [(s, k) for s, k in keep if k not in ahead][:new]:
         rollout = _Rollout((), key.index, True, SPECULATIVE, ahead=True, progress=primary.progress)
-        work = _rollout(task, source, config, start, rollout, tree.max_depth)
-        ahead[key] = (source.reserve(work, tree.width), rollout)
+        ahead[key] = (source.reserve(_rollout(source, tree, start, rollout), tree.width), rollout)
 
 
 def _predicted(
@@ -248,8 +246,7 @@ async def _folding_search(
         start = path[-1]
         rollout = _Rollout(path, tree.next_index.get(start, 0), speculative, SPECULATIVE if speculative else PRIMARY)
         tree.next_index[start] = rollout.index + tree.width
-        work = _rollout(task, source, config, tree.nodes[start], rollout, tree.max_depth)
-        running[source.start(work, speculative)] = rollout
+        running[source.start(_rollout(source, tree, tree.nodes[start], rollout), speculative)] = rollout
         launched += 1
         return rollout
 
@@ -300,12 +297,12 @@ async def _folding_search(
         await asyncio.gather(*running, return_exceptions=True)
 
 
-async def _rollout(task: Task, source: ChildSource, config: TreeSearchConfig, start: Child, r: _Rollout, depth: int):
-    """Steps from ``start`` to a terminal state (or the depth limit); fills ``r.chain``."""
-    width = config.rest_children if config.algorithm == "rest-mcts" else 1
+async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
+    """Steps from ``start`` to a terminal state (or the tree's depth limit), ``tree.width`` children a step;
+    fills ``r.chain``."""
     parent, first = start, r.index
     while True:
-        r.waiting = [ChildKey(parent.state, first + i) for i in range(width)]
+        r.waiting = [ChildKey(parent.state, first + i) for i in range(tree.width)]
         priority = r.priority  # a promoted rollout's later steps run as primary work
         if r.ahead:
             children = await asyncio.gather(*[source.ahead(k) for k in r.waiting])  # started before the await
@@ -318,7 +315,7 @@ async def _rollout(task: Task, source: ChildSource, config: TreeSearchConfig, st
         if r.progress is not None:
             r.progress.set()
         parent, first = step[0], 0
-        if parent.final or len(parent.state) >= depth:
+        if parent.final or len(parent.state) >= tree.max_depth:
             return
 
 
