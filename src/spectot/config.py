@@ -623,6 +623,13 @@ class TreeSearchOptions:
             "speculative prompts filled 4-8 rows a step arrived late)"
         ),
     )
+    speculative_sd: bool = field(
+        default=False,
+        **opt(
+            "SPEX + SD, local engine: draft for speculative expansions too (default: only primary ones are "
+            "drafted, speculative ones decode autoregressively to the same tokens, so their rows do not carry drafts)"
+        ),
+    )
     dfs_speculation: Literal["exact", "fold"] = field(
         default="exact",
         **opt(

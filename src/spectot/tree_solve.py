@@ -79,8 +79,11 @@ def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
     return ExploreConfig(tree.explore, tree.k_total, tree.lookahead, 1.0, tree.early_stop, tree.min_answers, tree.alpha)
 
 
-def make_backend(model: ModelOptions, draft: DraftOptions, options: BackendOptions, pipe=None, fill_rows: int = 8):
-    """The async backend the options name: the local engine over ``pipe`` (loaded if None) or servers."""
+def make_backend(
+    model: ModelOptions, draft: DraftOptions, options: BackendOptions, pipe=None, tree: TreeSearchOptions | None = None
+):
+    """The async backend the options name: the local engine over ``pipe`` (loaded if None), its fill rows and
+    drafting of speculative requests from ``tree``, or servers."""
     if options.backend == "openai":
         from spectot.backends.openai import OpenAIBackend
 
@@ -90,8 +93,14 @@ def make_backend(model: ModelOptions, draft: DraftOptions, options: BackendOptio
 
     if pipe is None:
         pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
+    tree = tree or TreeSearchOptions()
     return LocalEngineBackend.from_pipeline(
-        pipe, options.method, options.max_streams, name=model.target, fill_rows=fill_rows
+        pipe,
+        options.method,
+        options.max_streams,
+        name=model.target,
+        fill_rows=tree.fill_rows,
+        draft_speculative=tree.speculative_sd,
     )
 
 

@@ -1,7 +1,8 @@
 """The local engine behind the async backend interface, on a tiny fp32 checkpoint.
 
 - concurrent greedy completions equal the Pipeline's own greedy generate, text for text, with speculative
-  (priority 1) prompts prefilled at once or in chunks beside the primary ones;
+  (priority 1) prompts prefilled at once or in chunks beside the primary ones, drafted for or decoded
+  autoregressively (``draft_speculative=False``);
 - logprobs are the target's log-probabilities of the emitted tokens;
 - streamed pieces join to the completion's text and stop strings never leak into them;
 - cancelling the awaiting task abandons the request and later requests still complete.
@@ -31,13 +32,18 @@ def pipe(tiny_checkpoint) -> Pipeline:
 
 @pytest.mark.parametrize("method", ["ar", "sd"])
 @pytest.mark.parametrize("fill_rows", [0, 2])  # speculative prompts prefilled at once, or 2 rows a step
-def test_concurrent_greedy_completions_equal_pipeline(pipe, method, fill_rows) -> None:
+@pytest.mark.parametrize("draft_speculative", [True, False])
+def test_concurrent_greedy_completions_equal_pipeline(pipe, method, fill_rows, draft_speculative) -> None:
     want = [g.text for g in pipe.generate(PROMPTS, max_new_tokens=12, method="ar")]
 
     async def main():
-        backend = LocalEngineBackend.from_pipeline(pipe, method=method, fill_rows=fill_rows)
+        backend = LocalEngineBackend.from_pipeline(
+            pipe, method=method, fill_rows=fill_rows, draft_speculative=draft_speculative
+        )
         assert backend.engine.fill_rows == fill_rows
         requests = [CompletionRequest(p, 12, chat=True, priority=i % 2) for i, p in enumerate(PROMPTS)]
+        methods = [backend._config(r).method for r in requests]
+        assert methods == [method, method if draft_speculative else "ar"] * 2
         try:
             return await asyncio.gather(*(backend.complete(r) for r in requests))
         finally:

@@ -27,9 +27,11 @@ class LocalEngineBackend:
         num_draft_tokens: int = 5,
         name: str = "local",
         max_context: int = 2048,
+        draft_speculative: bool = True,  # False: requests of priority > 0 decode autoregressively (the same tokens)
     ) -> None:
         self.engine, self.tokenizer, self.method = engine, tokenizer, method
         self.num_draft_tokens, self.name, self.max_context = num_draft_tokens, name, max_context
+        self.draft_speculative = draft_speculative
 
     @classmethod
     def from_pipeline(
@@ -40,13 +42,22 @@ class LocalEngineBackend:
         name: str | None = None,
         budget=None,
         fill_rows: int = 8,
+        draft_speculative: bool = True,
     ):
-        """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``."""
+        """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``;
+        ``draft_speculative=False`` drafts for primary requests only (priority 0)."""
         if method == "sd" and pipe.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with a draft (e.g. draft='ngram')")
         engine = ContinuousEngine(pipe.decoder, max_streams=max_streams, budget=budget, fill_rows=fill_rows)
         alias = name or pipe.target.name
-        return cls(engine, pipe.target.tokenizer, method, name=alias, max_context=pipe.runner.max_context)
+        return cls(
+            engine,
+            pipe.target.tokenizer,
+            method,
+            name=alias,
+            max_context=pipe.runner.max_context,
+            draft_speculative=draft_speculative,
+        )
 
     # -- AsyncBackend ------------------------------------------------------------------------------
     async def complete(self, request: CompletionRequest) -> Completion:
@@ -133,7 +144,8 @@ class LocalEngineBackend:
     def _config(self, request: CompletionRequest) -> DecodeConfig:
         greedy = request.temperature == 0
         sampling = SamplingParams(do_sample=not greedy, temperature=request.temperature or 1.0, top_p=request.top_p)
-        return DecodeConfig(request.max_tokens, sampling, self.method, self.num_draft_tokens, request.stop)
+        method = self.method if self.draft_speculative or request.priority == 0 else "ar"
+        return DecodeConfig(request.max_tokens, sampling, method, self.num_draft_tokens, request.stop)
 
     def _seed(self, request: CompletionRequest) -> int:
         return request.seed if request.seed is not None else time.monotonic_ns() % 2**62

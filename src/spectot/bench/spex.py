@@ -117,7 +117,9 @@ def run_bench_spex(
         for task, search, queries, variant, first in todo:
             explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
-            backend = LocalEngineBackend.from_pipeline(pipe, method, name=model.target, fill_rows=tree.fill_rows)
+            backend = LocalEngineBackend.from_pipeline(
+                pipe, method, name=model.target, fill_rows=tree.fill_rows, draft_speculative=tree.speculative_sd
+            )
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
             size = _chunk_size(opts, queries, first)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=size, offset=first)

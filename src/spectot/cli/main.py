@@ -209,7 +209,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
     model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
     search, options = from_flags(args, SearchOptions), from_flags(args, SolveOptions)
     tree, backend_options = from_flags(args, TreeSearchOptions), from_flags(args, BackendOptions)
-    backend = make_backend(model, draft, backend_options, fill_rows=tree.fill_rows)
+    backend = make_backend(model, draft, backend_options, tree=tree)
     with progress_bar() as bar:
         task = bar.add_task(f"{options.task} / {search.search} / explore {tree.explore}", total=None)
 
