@@ -623,11 +623,11 @@ class TreeSearchOptions:
             "speculative prompts filled 4-8 rows a step arrived late)"
         ),
     )
-    speculative_sd: bool = field(
-        default=False,
+    sd_requests: Literal["primary", "next", "all"] = field(
+        default="primary",
         **opt(
-            "SPEX + SD, local engine: draft for speculative expansions too (default: only primary ones are "
-            "drafted, speculative ones decode autoregressively to the same tokens, so their rows do not carry drafts)"
+            "SPEX + SD, local engine: the requests the draft drafts for: primary ones, + the likeliest pre-run's "
+            "(MCTS exact), or every speculative one too; the others decode autoregressively, to the same tokens"
         ),
     )
     dfs_speculation: Literal["exact", "fold"] = field(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from spectot.config import BackendOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 from spectot.explore.queries import ExploreConfig, run_queries
-from spectot.search.expansion import ExpansionSampling
+from spectot.search.expansion import NEXT, PRIMARY, ExpansionSampling
 from spectot.search.tree_search import TreeSearchConfig
 from spectot.tasks.registry import load_problems, make_task
 
@@ -100,8 +100,13 @@ def make_backend(
         options.max_streams,
         name=model.target,
         fill_rows=tree.fill_rows,
-        draft_speculative=tree.speculative_sd,
+        draft_priority=draft_priority(tree),
     )
+
+
+def draft_priority(tree: TreeSearchOptions) -> int | None:
+    """The highest request priority the local engine drafts for, from ``--sd-requests``."""
+    return {"primary": PRIMARY, "next": NEXT, "all": None}[tree.sd_requests]
 
 
 def run_tree_solve(

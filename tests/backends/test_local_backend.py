@@ -2,7 +2,7 @@
 
 - concurrent greedy completions equal the Pipeline's own greedy generate, text for text, with speculative
   (priority 1) prompts prefilled at once or in chunks beside the primary ones, drafted for or decoded
-  autoregressively (``draft_speculative=False``);
+  autoregressively (``draft_priority=0``);
 - logprobs are the target's log-probabilities of the emitted tokens;
 - streamed pieces join to the completion's text and stop strings never leak into them;
 - cancelling the awaiting task abandons the request and later requests still complete.
@@ -32,18 +32,18 @@ def pipe(tiny_checkpoint) -> Pipeline:
 
 @pytest.mark.parametrize("method", ["ar", "sd"])
 @pytest.mark.parametrize("fill_rows", [0, 2])  # speculative prompts prefilled at once, or 2 rows a step
-@pytest.mark.parametrize("draft_speculative", [True, False])
-def test_concurrent_greedy_completions_equal_pipeline(pipe, method, fill_rows, draft_speculative) -> None:
+@pytest.mark.parametrize("draft_priority", [None, 0])  # drafts for every request, or for primary ones only
+def test_concurrent_greedy_completions_equal_pipeline(pipe, method, fill_rows, draft_priority) -> None:
     want = [g.text for g in pipe.generate(PROMPTS, max_new_tokens=12, method="ar")]
 
     async def main():
         backend = LocalEngineBackend.from_pipeline(
-            pipe, method=method, fill_rows=fill_rows, draft_speculative=draft_speculative
+            pipe, method=method, fill_rows=fill_rows, draft_priority=draft_priority
         )
         assert backend.engine.fill_rows == fill_rows
         requests = [CompletionRequest(p, 12, chat=True, priority=i % 2) for i, p in enumerate(PROMPTS)]
         methods = [backend._config(r).method for r in requests]
-        assert methods == [method, method if draft_speculative else "ar"] * 2
+        assert methods == [method, method if draft_priority is None else "ar"] * 2
         try:
             return await asyncio.gather(*(backend.complete(r) for r in requests))
         finally:

@@ -24,7 +24,7 @@ from spectot.explore.explorer import Explorer, SharedBudget, expected_widths
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.explore.termination import settled
 from spectot.search.bfs import reward_balanced_search, width_rule
-from spectot.search.expansion import Child, ChildKey, ExpansionSampling, Expander
+from spectot.search.expansion import NEXT, PRIMARY, SPECULATIVE, Child, ChildKey, ExpansionSampling, Expander
 from spectot.search.mcts import _claim, _fold, _predicted, _Tree, mcts_search
 from spectot.search.tree_search import PlainSource, TreeSearchConfig, root_child
 from spectot.search.uct import MctsTree
@@ -176,8 +176,10 @@ def test_mcts_exact_speculation_is_the_plain_search(algorithm, latency_seed) -> 
     config = TreeSearchConfig(algorithm, budget=10, max_children=4, rest_children=2)
     plain, _, _ = run(mcts_search, PlainSource, config, seed=latency_seed)
     budget = SharedBudget(k_total=4)
-    on, explorer, _ = run(mcts_search, lambda e: Explorer(e, budget), config, seed=latency_seed)
+    on, explorer, backend = run(mcts_search, lambda e: Explorer(e, budget), config, seed=latency_seed)
     assert shape(on) == shape(plain)  # the same expansions in the same order, the same leaves and answer
+    # the likeliest pre-run's steps go at NEXT, the others' at SPECULATIVE
+    assert NEXT in {r.priority for r in backend.log} <= {PRIMARY, NEXT, SPECULATIVE}
     counters = explorer.counters
     assert 0 < counters.hits <= counters.speculated  # pre-runs were used, none counted twice
     assert counters.expansions_used == len(on.expansions) and 0 < counters.saving_rate < 1

@@ -27,11 +27,11 @@ class LocalEngineBackend:
         num_draft_tokens: int = 5,
         name: str = "local",
         max_context: int = 2048,
-        draft_speculative: bool = True,  # False: requests of priority > 0 decode autoregressively (the same tokens)
+        draft_priority: int | None = None,  # requests of a higher priority value decode as ``ar`` (None: none do)
     ) -> None:
         self.engine, self.tokenizer, self.method = engine, tokenizer, method
         self.num_draft_tokens, self.name, self.max_context = num_draft_tokens, name, max_context
-        self.draft_speculative = draft_speculative
+        self.draft_priority = draft_priority
 
     @classmethod
     def from_pipeline(
@@ -42,10 +42,11 @@ class LocalEngineBackend:
         name: str | None = None,
         budget=None,
         fill_rows: int = 8,
-        draft_speculative: bool = True,
+        draft_priority: int | None = None,
     ):
         """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``;
-        ``draft_speculative=False`` drafts for primary requests only (priority 0)."""
+        ``draft_priority``: draft only for requests of this priority value or lower (0: primary ones; their output
+        is the same either way, so this only decides where the forward's rows go)."""
         if method == "sd" and pipe.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with a draft (e.g. draft='ngram')")
         engine = ContinuousEngine(pipe.decoder, max_streams=max_streams, budget=budget, fill_rows=fill_rows)
@@ -56,7 +57,7 @@ class LocalEngineBackend:
             method,
             name=alias,
             max_context=pipe.runner.max_context,
-            draft_speculative=draft_speculative,
+            draft_priority=draft_priority,
         )
 
     # -- AsyncBackend ------------------------------------------------------------------------------
@@ -144,7 +145,8 @@ class LocalEngineBackend:
     def _config(self, request: CompletionRequest) -> DecodeConfig:
         greedy = request.temperature == 0
         sampling = SamplingParams(do_sample=not greedy, temperature=request.temperature or 1.0, top_p=request.top_p)
-        method = self.method if self.draft_speculative or request.priority == 0 else "ar"
+        drafted = self.draft_priority is None or request.priority <= self.draft_priority
+        method = self.method if drafted else "ar"
         return DecodeConfig(request.max_tokens, sampling, method, self.num_draft_tokens, request.stop)
 
     def _seed(self, request: CompletionRequest) -> int:

@@ -63,7 +63,7 @@ def run_bench_spex(
 ) -> dict:
     from spectot.backends.local import LocalEngineBackend
     from spectot.pipeline import Pipeline
-    from spectot.tree_solve import run_tree_solve
+    from spectot.tree_solve import draft_priority, run_tree_solve
 
     sampling = sampling or ThoughtSampling()  # T = 1, no nucleus, greedy evaluations
     out = Path(opts.out)
@@ -118,7 +118,7 @@ def run_bench_spex(
             explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
             backend = LocalEngineBackend.from_pipeline(
-                pipe, method, name=model.target, fill_rows=tree.fill_rows, draft_speculative=tree.speculative_sd
+                pipe, method, name=model.target, fill_rows=tree.fill_rows, draft_priority=draft_priority(tree)
             )
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
             size = _chunk_size(opts, queries, first)

@@ -12,7 +12,8 @@ search will probably ask for next:
          reward (``expected_widths``), ``lookahead`` layers deep;
     DFS  the search itself asks for ``spare()`` extra rollouts: pre-runs of its predicted next
          selections made of ``ahead`` expansions (exact), or rollouts it folds in (the paper's).
-Speculative work runs at backend priority 1 (primary work is admitted first) and only within the
+Speculative work runs at backend priority 2, or 1 for the likeliest pre-run (primary work, 0, is admitted
+first; a backend may draft for the lower ones only, ``--sd-requests``), and only within the
 query's share of the global budget (``SharedBudget``); primary work never waits for budget. A
 speculated expansion the search later asks for is a *hit* (awaited, not re-run); the subtrees the
 search moves away from are cancelled at once and their budget released.
@@ -141,9 +142,9 @@ class Explorer:
     # -- what the consumer (the search) calls ------------------------------------------------------
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
         """The child at ``key``: a speculated one if it exists (a hit), else a primary expansion.
-        A speculative rollout's own steps (DFS, ``priority=SPECULATIVE``) run as they are: the rollout
+        A speculative rollout's own steps (DFS fold, priority above ``PRIMARY``) run as they are: the rollout
         as a whole is what is speculated (``start``)."""
-        if priority == SPECULATIVE:
+        if priority != PRIMARY:
             return await self.expander.expand(key, priority)
         job = self._jobs.get(key)
         if job is None or job.task.cancelled():
@@ -160,12 +161,12 @@ class Explorer:
             self._consumed([child])
         return child
 
-    def ahead(self, key: ChildKey) -> asyncio.Future:
-        """The child at ``key``, pre-run speculatively if nobody ran it yet (DFS exact: a step of a predicted
-        rollout); the search's own ``expand(key)`` later takes it over as a hit. It holds no budget of its
-        own: the pre-run it belongs to does (``reserve``), so the budget never lapses between its steps."""
+    def ahead(self, key: ChildKey, priority: int = SPECULATIVE) -> asyncio.Future:
+        """The child at ``key``, pre-run speculatively at ``priority`` if nobody ran it yet (DFS exact: a step of
+        a predicted rollout); the search's own ``expand(key)`` later takes it over as a hit. It holds no budget
+        of its own: the pre-run it belongs to does (``reserve``), so the budget never lapses between its steps."""
         job = self._jobs.get(key)
-        task = self._launch(key, hold=False) if job is None or job.task.cancelled() else job.task
+        task = self._launch(key, False, priority) if job is None or job.task.cancelled() else job.task
         return asyncio.shield(task)
 
     async def level(self, keys: Sequence[ChildKey], rule: WidthRule | None = None, budget: int = 0) -> list[Child]:
@@ -272,9 +273,9 @@ class Explorer:
     def _primary_done(self) -> None:
         self.budget.primary -= 1
 
-    def _launch(self, key: ChildKey, hold: bool = True) -> asyncio.Task:
+    def _launch(self, key: ChildKey, hold: bool = True, priority: int = SPECULATIVE) -> asyncio.Task:
         """A speculative expansion at ``key``; ``hold``: it holds budget itself (not a pre-run's step)."""
-        task = asyncio.create_task(self.expander.expand(key, SPECULATIVE))
+        task = asyncio.create_task(self.expander.expand(key, priority))
         self._jobs[key] = _Job(task, speculative=True)
         self._tried()
         if hold:

@@ -27,7 +27,9 @@ from spectot.tasks.base import Problem, State, StepRequest, Task
 
 RewardKind = Literal["self_eval", "logprob"]
 RewardModel = Callable[[Problem, State], float]
-PRIMARY, SPECULATIVE = 0, 1  # backend priorities: primary-branch work is admitted first
+# backend priorities, lowest first: primary-branch work, then the speculative work the search will most likely
+# ask for next (DFS exact: the likeliest pre-run), then the rest of the speculative work
+PRIMARY, NEXT, SPECULATIVE = 0, 1, 2
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ exact (default)  the search is the sequential algorithm, step for step. While it
     ``_predicted`` plays the next selections forward with every pending rollout grafted on as far as
     its steps are known (backed up at its leaf's reward, or the mean reward so far while it runs) and
     ``source.spare()`` of them are pre-run: each is a rollout of ``source.ahead`` expansions, kept by
-    the explorer under their ``ChildKey``. An
+    the explorer under their ``ChildKey``; the likeliest one's steps run at priority ``NEXT``, the
+    others' at ``SPECULATIVE`` (a backend may draft for the first only). An
     expansion's seed is a function of its key, so when the real selection reaches a pre-run
     (node, index) its steps are hits and the tree, the leaves and the answer are the plain
     algorithm's; a pre-run the prediction drops is cancelled (its finished steps stay, in case the
@@ -34,7 +35,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey
+from spectot.search.expansion import NEXT, PRIMARY, SPECULATIVE, Child, ChildKey
 from spectot.search.tree_search import (
     ChildSource,
     StopRule,
@@ -163,7 +164,8 @@ def _pre_run(
     c: float,
 ) -> None:
     """Keep the likeliest predicted rollouts pre-running, as many as the query's budget grants (in expansions:
-    a rollout runs ``width`` at a time); a running pre-run the prediction no longer holds is cancelled."""
+    a rollout runs ``width`` at a time), the likeliest of them at priority ``NEXT``; a running pre-run the
+    prediction no longer holds is cancelled."""
     chains = {ChildKey(tree.nodes[primary.path[-1]].state, primary.index): primary.chain}
     chains |= {key: r.chain for key, (_, r) in ahead.items()}
     running = {k for k, (t, _) in ahead.items() if not t.done()}
@@ -179,6 +181,8 @@ def _pre_run(
     for start, key in [(s, k) for s, k in keep if k not in ahead][:new]:
         rollout = _Rollout((), key.index, True, SPECULATIVE, ahead=True, progress=primary.progress)
         ahead[key] = (source.reserve(_rollout(source, tree, start, rollout), tree.width), rollout)
+    for rank, (_, key) in enumerate(k for k in keep if k[1] in ahead):  # its next steps run at this priority
+        ahead[key][1].priority = NEXT if rank == 0 else SPECULATIVE
 
 
 def _predicted(
@@ -303,9 +307,9 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
     parent, first = start, r.index
     while True:
         r.waiting = [ChildKey(parent.state, first + i) for i in range(tree.width)]
-        priority = r.priority  # a promoted rollout's later steps run as primary work
+        priority = r.priority  # a promoted rollout's later steps run as primary work (a pre-run's: as it ranks)
         if r.ahead:
-            children = await asyncio.gather(*[source.ahead(k) for k in r.waiting])  # started before the await
+            children = await asyncio.gather(*[source.ahead(k, priority) for k in r.waiting])  # started at once
         else:
             children = await asyncio.gather(*(source.expand(k, priority) for k in r.waiting))
         if priority == SPECULATIVE and not r.ahead:

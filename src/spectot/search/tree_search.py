@@ -76,7 +76,7 @@ class TreeSearchResult:
 class ChildSource(Protocol):
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child: ...
 
-    def ahead(self, key: ChildKey) -> asyncio.Future: ...
+    def ahead(self, key: ChildKey, priority: int = SPECULATIVE) -> asyncio.Future: ...
 
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]: ...
 
@@ -104,8 +104,8 @@ class PlainSource:
     async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
         return await self.expander.expand(key, priority)
 
-    def ahead(self, key: ChildKey) -> asyncio.Future:
-        return asyncio.ensure_future(self.expander.expand(key, SPECULATIVE))
+    def ahead(self, key: ChildKey, priority: int = SPECULATIVE) -> asyncio.Future:
+        return asyncio.ensure_future(self.expander.expand(key, priority))
 
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]:
         return list(await asyncio.gather(*(self.expand(k) for k in keys)))
