@@ -623,7 +623,7 @@ class TreeSearchOptions:
             "speculative prompts filled 4-8 rows a step arrived late)"
         ),
     )
-    sd_requests: Literal["primary", "primary", "all"] = field(
+    sd_requests: Literal["primary", "next", "all"] = field(
         default="primary",
         **opt(
             "SPEX + SD, local engine: the requests the draft drafts for: primary ones, + the likeliest pre-run's "

@@ -181,7 +181,7 @@ def _pre_run(
     for start, key in [(s, k) for s, k in keep if k not in ahead][:new]:
         rollout = _Rollout((), key.index, True, SPECULATIVE, ahead=True, progress=primary.progress)
         ahead[key] = (source.reserve(_rollout(source, tree, start, rollout), tree.width), rollout)
-    for rank, (_, key) in enumerate(k for k in keep if k[1] in ahead):  # its next steps run at this priority
+    for rank, key in enumerate(key for _, key in keep if key in ahead):  # its next steps run at this priority
         ahead[key][1].priority = NEXT if rank == 0 else SPECULATIVE
 
 
