@@ -3,8 +3,9 @@
 - greedy fp32: requests submitted while others run (ar and sd, chain and tree drafts) give token for
   token what the level decoder gives each prompt alone;
 - sampled: a request's tokens depend only on its seed, not on what shares its forwards;
-- a cancelled request is dropped and its KV freed; priorities decide admission; a bad request fails
-  alone.
+- a cancelled request is dropped and its KV freed; priorities decide admission, and a request moved to
+  another priority takes its new place (in the queue, and in getting drafts under ``draft_priority``); a bad
+  request fails alone.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def test_cancelled_request_frees_its_kv_and_others_finish(tiny_llama) -> None:
     runner = ModelRunner(target)
     engine = ContinuousEngine(Decoder(runner))
     try:
-        doomed = engine.submit(PROMPTS[0], DecodeConfig(max_new_tokens=200), 0)
-        time.sleep(0.05)
-        assert doomed.cancel() or doomed.done()
+        holder: list = []
+        cancel = lambda ids: holder[0].cancel() if holder else None  # noqa: E731  (given up while it decodes)
+        holder.append(engine.submit(PROMPTS[0], DecodeConfig(max_new_tokens=200), 0, listener=cancel))
+        doomed = holder[0]
         kept = engine.submit(PROMPTS[1], DecodeConfig(max_new_tokens=8), 1)
         assert len(kept.result(timeout=60).token_ids) == 8
         deadline = time.time() + 10
@@ -99,6 +101,55 @@ def test_priority_orders_admission(tiny_llama) -> None:
         engine.close()
     assert order == ["primary", "speculative"]
     assert engine.counters.max_live == 1
+
+
+def test_reprioritize_moves_a_queued_request_ahead(tiny_llama) -> None:
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
+    order: list[str] = []
+    try:
+        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0)
+        time.sleep(0.02)  # the blocker holds the only slot while the others queue
+        first = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1, priority=1)
+        taken_over = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2, priority=2)
+        engine.reprioritize(taken_over, 0)
+        first.add_done_callback(lambda f: order.append("first"))
+        taken_over.add_done_callback(lambda f: order.append("taken over"))
+        for f in (blocker, first, taken_over):
+            f.result(timeout=60)
+        engine.reprioritize(first, 0)  # resolved: left alone
+    finally:
+        engine.close()
+    assert order == ["taken over", "first"]
+    assert engine.counters.reprioritized == 1
+
+
+def test_draft_priority_drafts_for_a_request_from_its_promotion_on(tiny_llama) -> None:
+    """With ``draft_priority=0`` a speculative sd request decodes without drafts until it is moved to priority
+    0, then gets them; its tokens are plain decoding's either way."""
+    target = tiny_llama()
+    config = DecodeConfig(max_new_tokens=24, method="sd", num_draft_tokens=4)
+    prompt = PROMPTS[0]
+    want = reference(target, [prompt], DecodeConfig(max_new_tokens=24), [0])[0]
+    engine = ContinuousEngine(Decoder(ModelRunner(target), proposer=NgramProposer(width=2)), draft_priority=0)
+    try:
+        primary = engine.submit(prompt, config, 0, priority=0).result(timeout=60)
+        speculative = engine.submit(prompt, config, 0, priority=2).result(timeout=60)
+        holder: list = []
+        seen: list[int] = []  # taken over once 8 tokens are out
+
+        def promote(ids: list[int]) -> None:
+            seen.extend(ids)
+            if len(seen) >= 8 and holder:
+                engine.reprioritize(holder[0], 0)
+
+        holder.append(engine.submit(prompt, config, 0, listener=promote, priority=2))
+        promoted = holder[0].result(timeout=60)
+    finally:
+        engine.close()
+    assert primary.token_ids == speculative.token_ids == promoted.token_ids == want
+    assert primary.stats.proposed > 0 and speculative.stats.proposed == 0
+    assert 0 < promoted.stats.proposed
+    assert promoted.stats.verify_steps > primary.stats.verify_steps  # its first steps went undrafted
 
 
 def test_a_prompt_too_long_fails_alone(tiny_llama) -> None:

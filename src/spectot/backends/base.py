@@ -13,11 +13,35 @@ generator, so the same request gives the same text however requests are batched 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length"]  # OpenAI's words: EOS and stop strings are both "stop"
+
+
+class LivePriority:
+    """A request priority its owner may change while the request runs (SPEX: a speculative step the search
+    takes over is primary work from then on). A backend that can re-rank queued and running work watches it
+    (the local engine: admission order, and which streams get drafts); the others read ``value`` once.
+
+    Example: ``p = LivePriority(2); undo = p.watch(print); p.set(0)`` prints 0; after ``undo()`` nothing is told.
+    """
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self._watchers: list[Callable[[int], None]] = []
+
+    def set(self, value: int) -> None:
+        if value != self.value:
+            self.value = value
+            for watcher in list(self._watchers):
+                watcher(value)
+
+    def watch(self, watcher: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``watcher(value)`` at every change until the returned function is called."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher)
 
 
 @dataclass(frozen=True)
@@ -29,8 +53,9 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None  # None: the backend picks one
     logprobs: bool = False  # return each generated token's log-probability under the target
-    priority: int = 0  # lower runs first when the backend must queue (SPEX: primary 0, speculative 1)
+    priority: int = 0  # lower runs first when the backend must queue (SPEX: primary 0, next 1, speculative 2)
     chat: bool = False  # the prompt is one user message: the backend applies the model's chat template
+    live_priority: LivePriority | None = None  # where the owner may change ``priority`` while it runs
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 
 from spectot.backends.base import Completion, CompletionRequest
 from spectot.schedulers.continuous import ContinuousEngine
@@ -27,11 +28,9 @@ class LocalEngineBackend:
         num_draft_tokens: int = 5,
         name: str = "local",
         max_context: int = 2048,
-        draft_priority: int | None = None,  # requests of a higher priority value decode as ``ar`` (None: none do)
     ) -> None:
         self.engine, self.tokenizer, self.method = engine, tokenizer, method
         self.num_draft_tokens, self.name, self.max_context = num_draft_tokens, name, max_context
-        self.draft_priority = draft_priority
 
     @classmethod
     def from_pipeline(
@@ -45,26 +44,21 @@ class LocalEngineBackend:
         draft_priority: int | None = None,
     ):
         """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``;
-        ``draft_priority``: draft only for requests of this priority value or lower (0: primary ones; their output
-        is the same either way, so this only decides where the forward's rows go)."""
+        ``draft_priority``: draft only for requests of this priority value or lower, at each step (0: primary ones,
+        a speculative request the search takes over included; the output is the same either way, so this only
+        decides where the forward's rows go)."""
         if method == "sd" and pipe.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with a draft (e.g. draft='ngram')")
-        engine = ContinuousEngine(pipe.decoder, max_streams=max_streams, budget=budget, fill_rows=fill_rows)
-        alias = name or pipe.target.name
-        return cls(
-            engine,
-            pipe.target.tokenizer,
-            method,
-            name=alias,
-            max_context=pipe.runner.max_context,
-            draft_priority=draft_priority,
+        engine = ContinuousEngine(
+            pipe.decoder, max_streams=max_streams, budget=budget, fill_rows=fill_rows, draft_priority=draft_priority
         )
+        alias = name or pipe.target.name
+        return cls(engine, pipe.target.tokenizer, method, name=alias, max_context=pipe.runner.max_context)
 
     # -- AsyncBackend ------------------------------------------------------------------------------
     async def complete(self, request: CompletionRequest) -> Completion:
         t = time.perf_counter()
-        prompt = self.encode(request)
-        future = self.engine.submit(prompt, self._config(request), self._seed(request), priority=request.priority)
+        future = self._submit(request)
         result = await asyncio.wrap_future(future)  # cancelling this task cancels the engine's request
         return self._completion(request, result, time.perf_counter() - t)
 
@@ -73,13 +67,7 @@ class LocalEngineBackend:
         ends inside a multi-byte character, is held back until it cannot."""
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[list[int]] = asyncio.Queue()
-        future = self.engine.submit(
-            self.encode(request),
-            self._config(request),
-            self._seed(request),
-            listener=lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids),
-            priority=request.priority,
-        )
+        future = self._submit(request, lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids))
         done = asyncio.wrap_future(future)
         generated: list[int] = []
         sent = 0
@@ -109,6 +97,17 @@ class LocalEngineBackend:
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.engine.close)
+
+    def _submit(self, request: CompletionRequest, listener=None) -> Future:
+        """The request in the engine; its live priority, if any, re-ranks it there until it resolves."""
+        priority = request.priority if request.live_priority is None else request.live_priority.value
+        future = self.engine.submit(
+            self.encode(request), self._config(request), self._seed(request), listener=listener, priority=priority
+        )
+        if request.live_priority is not None:
+            unwatch = request.live_priority.watch(lambda value: self.engine.reprioritize(future, value))
+            future.add_done_callback(lambda _: unwatch())
+        return future
 
     # -- text <-> tokens ---------------------------------------------------------------------------
     def encode(self, request: CompletionRequest) -> list[int]:
@@ -145,9 +144,7 @@ class LocalEngineBackend:
     def _config(self, request: CompletionRequest) -> DecodeConfig:
         greedy = request.temperature == 0
         sampling = SamplingParams(do_sample=not greedy, temperature=request.temperature or 1.0, top_p=request.top_p)
-        drafted = self.draft_priority is None or request.priority <= self.draft_priority
-        method = self.method if drafted else "ar"
-        return DecodeConfig(request.max_tokens, sampling, method, self.num_draft_tokens, request.stop)
+        return DecodeConfig(request.max_tokens, sampling, self.method, self.num_draft_tokens, request.stop)
 
     def _seed(self, request: CompletionRequest) -> int:
         return request.seed if request.seed is not None else time.monotonic_ns() % 2**62

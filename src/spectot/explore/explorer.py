@@ -15,8 +15,10 @@ search will probably ask for next:
 Speculative work runs at backend priority 2, or 1 for the likeliest pre-run (primary work, 0, is admitted
 first; a backend may draft for the lower ones only, ``--sd-requests``), and only within the
 query's share of the global budget (``SharedBudget``); primary work never waits for budget. A
-speculated expansion the search later asks for is a *hit* (awaited, not re-run); the subtrees the
-search moves away from are cancelled at once and their budget released.
+speculated expansion the search later asks for is a *hit*: awaited, not re-run, and what is left of it
+raised to primary priority (``LivePriority``: the local engine re-ranks it and, under ``--sd-requests``,
+drafts for it from then on). The subtrees the search moves away from are cancelled at once and their
+budget released.
 
 Vocabulary of the counters: speculated = speculative expansions started; hits = those the search
 used; cancelled = stopped before finishing; wasted_tokens = tokens of finished speculative
@@ -32,6 +34,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spectot.backends.base import LivePriority
 from spectot.explore.budget import allocate
 from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
 
@@ -121,6 +124,7 @@ class _Job:
     task: asyncio.Task
     speculative: bool
     used: bool = False
+    priority: LivePriority | None = None  # a speculative job's: the search taking it over makes it primary
 
 
 class Explorer:
@@ -150,6 +154,8 @@ class Explorer:
         if job is None or job.task.cancelled():
             job = self._jobs[key] = _Job(self._primary(key), False)
         elif job.speculative and not job.used:
+            if job.priority is not None:  # what is left of it (its generation, its reward) runs as primary work
+                job.priority.set(PRIMARY)
             self.counters.hits += 1
             self.counters.saved_expansions += 1
             if self.budget is not None:
@@ -275,8 +281,9 @@ class Explorer:
 
     def _launch(self, key: ChildKey, hold: bool = True, priority: int = SPECULATIVE) -> asyncio.Task:
         """A speculative expansion at ``key``; ``hold``: it holds budget itself (not a pre-run's step)."""
-        task = asyncio.create_task(self.expander.expand(key, priority))
-        self._jobs[key] = _Job(task, speculative=True)
+        live = LivePriority(priority)
+        task = asyncio.create_task(self.expander.expand(key, live))
+        self._jobs[key] = _Job(task, speculative=True, priority=live)
         self._tried()
         if hold:
             self._hold(task)  # speculation runs only under a budget (``speculating``)

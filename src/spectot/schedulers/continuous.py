@@ -60,6 +60,7 @@ class EngineCounters:
     prompt_tokens_cached: int = 0  # of those, forked from the prefix cache
     prompt_tokens_prefilled: int = 0  # run through the target (the rest: cached, or a live request's same prompt)
     chunked_prefills: int = 0  # requests prefilled in chunks beside primary steps
+    reprioritized: int = 0  # requests moved to another priority while queued or running
 
 
 class ContinuousEngine:
@@ -70,13 +71,15 @@ class ContinuousEngine:
         budget: TreeBudget | None = None,  # (live streams B, sampling) -> tree per stream
         name: str = "continuous",
         fill_rows: int = 8,  # forward rows speculative prompts may fill beside primary steps (0: prefill at once)
+        draft_priority: int | None = None,  # sd streams get drafts while their priority value is <= this (None: all)
     ) -> None:
         if max_streams < 1 or fill_rows < 0:
             raise ValueError(f"need max_streams >= 1 and fill_rows >= 0, got {max_streams} and {fill_rows}")
         self.decoder, self.max_streams, self.budget, self.name = decoder, max_streams, budget, name
-        self.fill_rows = fill_rows
+        self.fill_rows, self.draft_priority = fill_rows, draft_priority
         self.counters = EngineCounters()
         self._waiting: list[_Request] = []
+        self._requests: dict[Future, _Request] = {}  # not yet resolved, by their future: ``reprioritize`` finds them
         self._order = itertools.count()
         self._wake = threading.Condition()
         self._closed = False
@@ -99,8 +102,26 @@ class ContinuousEngine:
         request = _Request(priority, next(self._order), list(prompt), config, seed, future, listener)
         with self._wake:
             heapq.heappush(self._waiting, request)
+            self._requests[future] = request
             self._wake.notify()
+        future.add_done_callback(self._forget)
         return future
+
+    def reprioritize(self, future: Future[StreamResult], priority: int) -> None:
+        """Move a queued or running request to ``priority``: its place in the admission order, whether its prompt
+        may wait for free rows, and whether it gets drafts (``draft_priority``) follow from the next step on.
+        Its tokens do not change (each request keeps its seed). A resolved request is left alone."""
+        with self._wake:
+            request = self._requests.get(future)
+            if request is None or request.priority == priority:
+                return
+            request.priority = priority
+            heapq.heapify(self._waiting)
+            self.counters.reprioritized += 1
+
+    def _forget(self, future: Future) -> None:
+        with self._wake:
+            self._requests.pop(future, None)
 
     def close(self) -> None:
         with self._wake:
@@ -178,7 +199,7 @@ class ContinuousEngine:
             return
         self.counters.max_live = max(self.counters.max_live, len(active))
         before = {s.key: len(s.generated) for s in active + waiting}
-        drafts = self._propose(session, active)
+        drafts = self._propose(session, active, live)
         free = self.fill_rows - sum(1 + d.tokens.numel() for d in drafts)  # rows left beside the primary steps
         if not active:  # nothing decodes: prefill the rest at once
             free = sum(s.to_fill for s in waiting)
@@ -195,15 +216,18 @@ class ContinuousEngine:
         done_filling = [s for s, _ in filling if not s.to_fill]
         self._update(session, live, streams, active + done_filling, before)
 
-    def _propose(self, session, active: list) -> list:
-        """Drafts for the live streams; with a budget, each sampling's streams get the tree it picks
-        for that sampling and the number of streams sharing the forward."""
+    def _propose(self, session, active: list, live: dict[int, _Request]) -> list:
+        """Drafts for the live streams whose priority gets them (``draft_priority``); with a budget, each
+        sampling's streams get the tree it picks for that sampling and the number of streams sharing the forward."""
+        limit = self.draft_priority
+        drafted = {s.key: limit is None or live[s.key].priority <= limit for s in active}
         if self.budget is None:
-            return session.propose(active)
+            return session.propose(active, drafted=[drafted[s.key] for s in active])
         drafts = {}
         for sampling in dict.fromkeys(s.config.sampling for s in active):
             group = [s for s in active if s.config.sampling == sampling]
-            drafts.update(zip((s.key for s in group), session.propose(group, self.budget(len(active), sampling))))
+            tree = self.budget(len(active), sampling)
+            drafts.update(zip((s.key for s in group), session.propose(group, tree, [drafted[s.key] for s in group])))
         return [drafts[s.key] for s in active]
 
     def _update(self, session, live, streams, touched, before: dict[int, int]) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
+from spectot.backends.base import AsyncBackend, Completion, CompletionRequest, LivePriority
 from spectot.search.policy import stream_seeds
 from spectot.tasks.base import Problem, State, StepRequest, Task
 
@@ -87,7 +87,8 @@ class Expander:
     sampling: ExpansionSampling = field(default_factory=ExpansionSampling)
     counters: ExpansionCounters = field(default_factory=ExpansionCounters)
 
-    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
+    async def expand(self, key: ChildKey, priority: int | LivePriority = PRIMARY) -> Child:
+        """The generation, then its reward; a ``LivePriority`` lets the caller re-rank both while they run."""
         t = time.perf_counter()
         step_request = self.task.thought(self.problem, key.parent)
         [seed] = stream_seeds(self.seed, "TG", self.problem.id, key.parent, key.index, n=1)
@@ -105,7 +106,7 @@ class Expander:
         self.counters.tokens += tokens
         return Child(key, state, out.text, reward, final, answer, tokens, time.perf_counter() - t)
 
-    async def _reward(self, state: State, out: Completion, priority: int) -> tuple[float, int]:
+    async def _reward(self, state: State, out: Completion, priority: int | LivePriority) -> tuple[float, int]:
         if self.reward == "logprob":
             return math.exp(out.mean_logprob), 0
         if callable(self.reward):
@@ -123,14 +124,16 @@ class Expander:
         step: StepRequest,
         temperature: float,
         seed: int,
-        priority: int,
+        priority: int | LivePriority,
         top_p: float = 1.0,
         logprobs: bool = False,
     ) -> Completion:
         self.counters.requests += 1
+        live = priority if isinstance(priority, LivePriority) else None
         request = CompletionRequest(
-            step.prompt, step.max_new_tokens, temperature, top_p, step.stop, seed, logprobs, priority, chat=True
-        )
+            step.prompt, step.max_new_tokens, temperature, top_p, step.stop, seed, logprobs,
+            priority=priority if live is None else live.value, chat=True, live_priority=live,
+        )  # fmt: skip
         return await self.backend.complete(request)
 
     def counters_dict(self) -> dict:

@@ -331,8 +331,11 @@ class DecodeSession:
         if base is not None:
             self.runner.release(base.sid)
 
-    def propose(self, streams: Sequence[_Stream], policy: TreePolicy | None = None) -> list[Draft]:
-        """Drafts for ``streams`` (empty ones under ``ar``); ``policy`` overrides the proposer's tree.
+    def propose(
+        self, streams: Sequence[_Stream], policy: TreePolicy | None = None, drafted: Sequence[bool] | None = None
+    ) -> list[Draft]:
+        """Drafts for ``streams`` (empty ones under ``ar``, and where ``drafted`` says False: such a step is an
+        ``ar`` step, the same token); ``policy`` overrides the proposer's tree.
         Streams that sample alike are drafted in one proposer call. With the decoder's ``draft_length``
         (a chain proposer, no policy) their k is k* for their acceptance so far; k* = 0 skips their draft;
         w* > 1 (a draft decoder) adds the first token's runners-up (``shapes.fan_chain_tree``).
@@ -341,7 +344,7 @@ class DecodeSession:
         drafts: list[Draft] = [Draft.empty()] * len(streams)
         groups: dict[SamplingParams, list[int]] = {}
         for i, s in enumerate(streams):
-            if s.config.method == "sd":
+            if s.config.method == "sd" and (drafted is None or drafted[i]):
                 groups.setdefault(s.config.sampling, []).append(i)
         if not groups:
             return drafts
