@@ -264,13 +264,16 @@ class DraftDecoder(nn.Module):
         dtype = target.get_input_embeddings().weight.dtype
         missing, unexpected = draft.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
         missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]
-        grown = {f"{name.removesuffix('_token')}_proj.weight" for name in new}  # zero: the same function
+        grown = {_TOKEN_INPUT_WEIGHTS[name] for name in new}  # zero: the same function
         missing = [k for k in missing if k not in grown]
         if missing or unexpected:
             raise ValueError(
                 f"{root}: draft weights do not match its config (missing {missing}, unexpected {unexpected})"
             )
         return draft.to(target.device).eval()  # the layers were built on the host, the views on the target's device
+
+
+_TOKEN_INPUT_WEIGHTS = {"next_token": "next_proj.weight", "current_token": "current_proj.weight"}  # config -> W_n, W_c
 
 
 def head_vocabulary(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
