@@ -108,9 +108,9 @@ class ContinuousEngine:
         return future
 
     def reprioritize(self, future: Future[StreamResult], priority: int) -> None:
-        """Move a queued or running request to ``priority``: its place in the admission order, whether its prompt
-        may wait for free rows, and whether it gets drafts (``draft_priority``) follow from the next step on.
-        Its tokens do not change (each request keeps its seed). A resolved request is left alone."""
+        """Move a queued or running request to ``priority``: its place in the admission order and whether it gets
+        drafts (``draft_priority``) follow from the next step on (a prompt already being filled in chunks goes on
+        so). Its tokens do not change (each request keeps its seed). A resolved request is left alone."""
         with self._wake:
             request = self._requests.get(future)
             if request is None or request.priority == priority:
