@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -89,12 +90,13 @@ def test_priority_orders_admission(tiny_llama) -> None:
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     order: list[str] = []
     try:
-        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0)
-        time.sleep(0.02)  # the blocker holds the only slot while the others queue
+        queued = threading.Event()  # the blocker holds the only slot (and the engine) until the others queue
+        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0, listener=lambda ids: queued.wait(10))
         late = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1, priority=1)
         urgent = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2, priority=0)
         late.add_done_callback(lambda f: order.append("speculative"))
         urgent.add_done_callback(lambda f: order.append("primary"))
+        queued.set()
         for f in (blocker, late, urgent):
             f.result(timeout=60)
     finally:
@@ -107,13 +109,14 @@ def test_reprioritize_moves_a_queued_request_ahead(tiny_llama) -> None:
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     order: list[str] = []
     try:
-        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0)
-        time.sleep(0.02)  # the blocker holds the only slot while the others queue
+        queued = threading.Event()  # the blocker holds the only slot (and the engine) until the others queue
+        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0, listener=lambda ids: queued.wait(10))
         first = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1, priority=1)
         taken_over = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2, priority=2)
         engine.reprioritize(taken_over, 0)
         first.add_done_callback(lambda f: order.append("first"))
         taken_over.add_done_callback(lambda f: order.append("taken over"))
+        queued.set()
         for f in (blocker, first, taken_over):
             f.result(timeout=60)
         engine.reprioritize(first, 0)  # resolved: left alone
