@@ -86,12 +86,18 @@ def test_cancelled_request_frees_its_kv_and_others_finish(tiny_llama) -> None:
     assert runner.cache.used == 0  # every slot released but the prefix cache's: the cancelled stream and its prompt KV
 
 
+def _blocked(engine: ContinuousEngine):
+    """A request holding the engine's only slot, and the engine itself (in its token listener), until the event
+    is set: requests submitted meanwhile queue."""
+    queued = threading.Event()
+    return engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0, listener=lambda ids: queued.wait(10)), queued
+
+
 def test_priority_orders_admission(tiny_llama) -> None:
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     order: list[str] = []
     try:
-        queued = threading.Event()  # the blocker holds the only slot (and the engine) until the others queue
-        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0, listener=lambda ids: queued.wait(10))
+        blocker, queued = _blocked(engine)
         late = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1, priority=1)
         urgent = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2, priority=0)
         late.add_done_callback(lambda f: order.append("speculative"))
@@ -109,8 +115,7 @@ def test_reprioritize_moves_a_queued_request_ahead(tiny_llama) -> None:
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     order: list[str] = []
     try:
-        queued = threading.Event()  # the blocker holds the only slot (and the engine) until the others queue
-        blocker = engine.submit([3, 4], DecodeConfig(max_new_tokens=30), 0, listener=lambda ids: queued.wait(10))
+        blocker, queued = _blocked(engine)
         first = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1, priority=1)
         taken_over = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2, priority=2)
         engine.reprioritize(taken_over, 0)

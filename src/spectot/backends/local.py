@@ -100,9 +100,12 @@ class LocalEngineBackend:
 
     def _submit(self, request: CompletionRequest, listener=None) -> Future:
         """The request in the engine; its live priority, if any, re-ranks it there until it resolves."""
-        priority = request.priority if request.live_priority is None else request.live_priority.value
         future = self.engine.submit(
-            self.encode(request), self._config(request), self._seed(request), listener=listener, priority=priority
+            self.encode(request),
+            self._config(request),
+            self._seed(request),
+            listener=listener,
+            priority=request.priority,
         )
         if request.live_priority is not None:
             unwatch = request.live_priority.watch(lambda value: self.engine.reprioritize(future, value))

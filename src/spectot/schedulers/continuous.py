@@ -220,14 +220,17 @@ class ContinuousEngine:
         """Drafts for the live streams whose priority gets them (``draft_priority``); with a budget, each
         sampling's streams get the tree it picks for that sampling and the number of streams sharing the forward."""
         limit = self.draft_priority
-        drafted = {s.key: limit is None or live[s.key].priority <= limit for s in active}
+
+        def drafted(streams: list) -> list[bool] | None:  # None: every sd stream
+            return None if limit is None else [live[s.key].priority <= limit for s in streams]
+
         if self.budget is None:
-            return session.propose(active, drafted=[drafted[s.key] for s in active])
+            return session.propose(active, drafted=drafted(active))
         drafts = {}
         for sampling in dict.fromkeys(s.config.sampling for s in active):
             group = [s for s in active if s.config.sampling == sampling]
             tree = self.budget(len(active), sampling)
-            drafts.update(zip((s.key for s in group), session.propose(group, tree, [drafted[s.key] for s in group])))
+            drafts.update(zip((s.key for s in group), session.propose(group, tree, drafted(group))))
         return [drafts[s.key] for s in active]
 
     def _update(self, session, live, streams, touched, before: dict[int, int]) -> None:
