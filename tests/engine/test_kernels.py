@@ -39,12 +39,16 @@ def test_matches_fp32_reference_within_bf16_rounding(in_features: int, with_bias
 
 
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 33])
-def test_every_row_is_computed_as_if_alone(rows: int) -> None:
+@pytest.mark.parametrize("in_features", [96, 577])  # 577: several chunks of a panel's pairs, the last one short
+def test_every_row_is_computed_as_if_alone(rows: int, in_features: int) -> None:
+    """Past six rows a panel is read in chunks whose sums wait in memory between the groups of rows: a row's
+    bits must still be the ones it gets alone (one uninterrupted pass)."""
     gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 96, generator=gen).bfloat16()
-    w = torch.randn(300, 96, generator=gen).bfloat16()
-    batched = kernel(x, w, None)
-    alone = torch.cat([kernel(x[i : i + 1], w, None) for i in range(rows)])
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
+    w = torch.randn(300, in_features, generator=gen).bfloat16()
+    b = torch.randn(300, generator=gen).bfloat16()
+    batched = kernel(x, w, b)
+    alone = torch.cat([kernel(x[i : i + 1], w, b) for i in range(rows)])
     assert torch.equal(batched, alone)
 
 

@@ -44,8 +44,9 @@ inline float hsum(__m256 v) {  // fixed order: (lo + hi), then pairwise
 // never faults, so running past the end of the weights is harmless. (GCC 12 drops an _mm_prefetch
 // wrapped in a helper like this one; the builtin it expands to stays.)
 constexpr int64_t PREFETCH_BYTES = 8192;
+template <int64_t AHEAD = PREFETCH_BYTES>
 inline void prefetch_ahead(const uint16_t* p) {
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + PREFETCH_BYTES, 0 /* read */, 3 /* all levels: T0 */);
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + AHEAD, 0 /* read */, 3 /* all levels: T0 */);
 }
 
 using spectot::bf16_to_float;
@@ -63,11 +64,18 @@ using spectot::TileConfig;
 // into 16 columns at once (vdpbf16ps: acc + x[2j] w[2j] + x[2j+1] w[2j+1], round to nearest even), so a
 // column's sum runs over j in order and needs no horizontal reduction. That order depends on nothing but
 // j, so a row's result does not depend on the rows beside it. A panel is one contiguous stream, read
-// once for up to 6 rows (24 accumulators), again from L2 for each further 6. Measured on a 2-core Zen 5
-// against the row-major tiles this replaced (per-column dot products, then a reduction per output),
-// SmolLM2's LM head took 1.5-1.8 ms against 1.9-2.5 ms for 1 row, and ~1.6 ms against 3.2-3.5 ms for 6.
+// once for up to 6 rows (24 accumulators). Measured on a 2-core Zen 5 against the row-major tiles this
+// replaced (per-column dot products, then a reduction per output), SmolLM2's LM head took 1.5-1.8 ms
+// against 1.9-2.5 ms for 1 row, and ~1.6 ms against 3.2-3.5 ms for 6.
+// Past 6 rows the panel goes in chunks of 64 pairs (16 KB): the first group of 6 rows reads a chunk from
+// DRAM, the next groups read it from L1 while prefetching the next chunk, and each group's sums wait in
+// memory between chunks (exact, so the bits stay those of one pass). Session 35, 2-core Zen 5, the linears
+// of one SmolLM2 forward (median of 9 interleaved rounds) at 7 / 8 / 12 / 16 / 32 rows: 5.63 / 5.47 / 6.82 /
+// 7.67 / 12.60 ms -> 4.80 / 4.85 / 5.79 / 6.59 / 11.92 ms (whole panels per group of 6, the panel re-read from
+// L2, before; 1 row: 4.6 ms both).
 constexpr int64_t PANEL = 64;  // output columns per panel: 4 vectors of 16
 constexpr int64_t PANEL_ROWS = 6;  // input rows per pass over a panel
+constexpr int64_t CHUNK_PAIRS = 64;  // feature pairs of a panel chunk: 16 KB of weights, held in L1 for every group
 
 // (N, K) -> (ceil(N / 64), ceil(K / 2), 64, 2), zero-padded
 torch::Tensor pack(const torch::Tensor& weight) {
@@ -79,23 +87,28 @@ torch::Tensor pack(const torch::Tensor& weight) {
   return padded.view({padded_n / PANEL, PANEL, padded_k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// One panel for RB rows: x holds each row's feature pairs as 32-bit words, `pairs` per row; y gets the
-// panel's first `cols` columns (+ bias), rounded to bf16.
-template <int RB>
+// One panel for RB rows over feature pairs [j0, j1): x holds each row's feature pairs as 32-bit words, `pairs`
+// per row. The sums start from zero (j0 == 0) or from `part` (RB x 64 fp32, a previous chunk's), and go back to
+// `part` unless this is the last chunk, which adds the bias and writes the panel's first `cols` columns to y,
+// rounded to bf16. Storing and reloading a fp32 sum is exact, so a column's sum runs over j in order however the
+// pairs are chunked. AHEAD: how far ahead to prefetch the weights (the first pass over a chunk reads DRAM,
+// later ones read L1 and fetch the next chunk meanwhile).
+template <int RB, int64_t AHEAD = PREFETCH_BYTES>
 inline __attribute__((always_inline)) void panel_tile(const uint32_t* x, int64_t pairs, const uint16_t* w,
-                                                      const float* bias, int64_t cols, uint16_t* y, int64_t ldy) {
+                                                      int64_t j0, int64_t j1, float* part, const float* bias,
+                                                      int64_t cols, uint16_t* y, int64_t ldy) {
   __m512 acc[4][RB];
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c)
 #pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) acc[c][r] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < pairs; ++j) {
+    for (int r = 0; r < RB; ++r) acc[c][r] = j0 ? _mm512_loadu_ps(part + r * PANEL + c * 16) : _mm512_setzero_ps();
+  for (int64_t j = j0; j < j1; ++j) {
     const uint16_t* step = w + j * 2 * PANEL;
     __m512bh wv[4];
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       wv[c] = (__m512bh)_mm512_loadu_si512(step + c * 32);
-      prefetch_ahead(step + c * 32);
+      prefetch_ahead<AHEAD>(step + c * 32);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
@@ -104,11 +117,30 @@ inline __attribute__((always_inline)) void panel_tile(const uint32_t* x, int64_t
       for (int c = 0; c < 4; ++c) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], xv, wv[c]);
     }
   }
+  if (j1 < pairs) {
+    for (int c = 0; c < 4; ++c)
+      for (int r = 0; r < RB; ++r) _mm512_storeu_ps(part + r * PANEL + c * 16, acc[c][r]);
+    return;
+  }
   for (int c = 0; c < 4 && c * 16 < cols; ++c) {
     const __mmask16 mask = cols - c * 16 >= 16 ? 0xffff : (1u << (cols - c * 16)) - 1;
     const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + c * 16) : _mm512_setzero_ps();
     for (int r = 0; r < RB; ++r)  // round to nearest even, as torch does
       _mm256_mask_storeu_epi16(y + r * ldy + c * 16, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[c][r], b)));
+  }
+}
+
+// One group of up to PANEL_ROWS rows over pairs [j0, j1) of a panel (see panel_tile).
+template <int64_t AHEAD>
+void panel_rows(int64_t n, const uint32_t* x, int64_t pairs, const uint16_t* w, int64_t j0, int64_t j1, float* part,
+                const float* bias, int64_t cols, uint16_t* y, int64_t ldy) {
+  switch (n) {
+    case 1: panel_tile<1, AHEAD>(x, pairs, w, j0, j1, part, bias, cols, y, ldy); break;
+    case 2: panel_tile<2, AHEAD>(x, pairs, w, j0, j1, part, bias, cols, y, ldy); break;
+    case 3: panel_tile<3, AHEAD>(x, pairs, w, j0, j1, part, bias, cols, y, ldy); break;
+    case 4: panel_tile<4, AHEAD>(x, pairs, w, j0, j1, part, bias, cols, y, ldy); break;
+    case 5: panel_tile<5, AHEAD>(x, pairs, w, j0, j1, part, bias, cols, y, ldy); break;
+    default: panel_tile<6, AHEAD>(x, pairs, w, j0, j1, part, bias, cols, y, ldy); break;
   }
 }
 
@@ -222,20 +254,26 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   const int64_t panel_size = pairs * 2 * PANEL, panels = (N + PANEL - 1) / PANEL;
   // threads own whole panels (each output element: one owner, one order)
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> part(rows > PANEL_ROWS ? rows * PANEL : 0);  // this thread's sums between chunks
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col = p * PANEL, cols = std::min<int64_t>(PANEL, N - col);
       const float* pb = bp ? bp + col : nullptr;
-      for (int64_t r = 0; r < rows; r += PANEL_ROWS) {
-        const uint32_t* xr = xp + r * pairs;
-        uint16_t* yr = yp + r * N + col;
-        const uint16_t* wr = wp + p * panel_size;
-        switch (std::min<int64_t>(PANEL_ROWS, rows - r)) {
-          case 1: panel_tile<1>(xr, pairs, wr, pb, cols, yr, N); break;
-          case 2: panel_tile<2>(xr, pairs, wr, pb, cols, yr, N); break;
-          case 3: panel_tile<3>(xr, pairs, wr, pb, cols, yr, N); break;
-          case 4: panel_tile<4>(xr, pairs, wr, pb, cols, yr, N); break;
-          case 5: panel_tile<5>(xr, pairs, wr, pb, cols, yr, N); break;
-          default: panel_tile<6>(xr, pairs, wr, pb, cols, yr, N); break;
+      const uint16_t* wp_ = wp + p * panel_size;
+      if (rows <= PANEL_ROWS) {  // one pass over the panel, straight from DRAM
+        panel_rows<PREFETCH_BYTES>(rows, xp, pairs, wp_, 0, pairs, nullptr, pb, cols, yp + col, N);
+        continue;
+      }
+      // more rows than registers: the panel in chunks of CHUNK_PAIRS pairs, each read from DRAM by the first
+      // group of rows and from L1 by the others, their sums kept in `part` between chunks
+      for (int64_t j0 = 0; j0 < pairs; j0 += CHUNK_PAIRS) {
+        const int64_t j1 = std::min<int64_t>(pairs, j0 + CHUNK_PAIRS);
+        for (int64_t r = 0; r < rows; r += PANEL_ROWS) {
+          const int64_t n = std::min<int64_t>(PANEL_ROWS, rows - r);
+          float* pr = part.data() + r * PANEL;
+          if (r == 0)
+            panel_rows<PREFETCH_BYTES>(n, xp + r * pairs, pairs, wp_, j0, j1, pr, pb, cols, yp + r * N + col, N);
+          else
+            panel_rows<CHUNK_PAIRS * 2 * PANEL * 2>(n, xp + r * pairs, pairs, wp_, j0, j1, pr, pb, cols, yp + r * N + col, N);
         }
       }
     }
