@@ -79,6 +79,12 @@ def test_amx_tiles_agree_with_the_vdpbf16ps_path_to_one_bf16_step() -> None:
     assert torch.equal(tiles, alone)
 
 
+def test_no_rows_give_an_empty_result() -> None:
+    """A draft's catch-up can have no new entries: zero rows in, zero rows out (no tile runs)."""
+    w = torch.randn(70, 64).bfloat16()
+    assert kernel(torch.empty(0, 64).bfloat16(), w, None).shape == (0, 70)
+
+
 def test_keeps_leading_dimensions() -> None:
     x = torch.randn(1, 5, 16).bfloat16()
     w = torch.randn(24, 16).bfloat16()

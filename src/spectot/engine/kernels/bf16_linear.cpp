@@ -251,6 +251,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   if (rows >= amx_rows && amx_linear(reinterpret_cast<const uint16_t*>(xp), rows, pairs, wp, bp, N, yp))
     return y.view(out_shape);
 #endif
+  if (rows == 0) return y.view(out_shape);
   const int64_t panel_size = pairs * 2 * PANEL, panels = (N + PANEL - 1) / PANEL;
   // threads own whole panels (each output element: one owner, one order)
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
