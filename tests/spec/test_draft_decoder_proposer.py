@@ -23,7 +23,7 @@ from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, finge
 from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
 from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import DraftRequest
-from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
+from spectot.spec.proposers.draft_decoder import DraftDecoderProposer, _new_nodes
 from spectot.spec.sampling import SamplingParams, target_probs
 from spectot.spec.trees.dynamic import CAPEPolicy, EAGLE2Policy, PCTPolicy, StaticPolicy, VCTPolicy
 from spectot.spec.trees.sequoia import sequoia_tree
@@ -303,6 +303,52 @@ def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, 
     with torch.no_grad():
         logits = draft(seq[None], full_hidden if kind != "vdm" else None, starts)[0, s:]
     assert chain.tokens.tolist() == HEAD_IDS[logits.argmax(-1)].tolist()
+
+
+TREES = {**POLICIES, "pct": PCTPolicy(threshold=0.0, max_depth=4, max_nodes=24)}  # a tiny random draft is unsure
+
+
+@pytest.mark.parametrize("policy", ["k_config", "sequoia", "pct", "vct", "eagle2"])
+@pytest.mark.parametrize("kind", ["edd", "vdm"])
+def test_tree_nodes_carry_the_teacher_forced_draft_probability(target, drafts, kind: str, policy: str) -> None:
+    """A tree's depths run only their new nodes over the ancestors kept in the draft's cache (cut back where a
+    depth expands other branches): every node's draft probability must still be the teacher-forced draft's at
+    its parent's path, as if the whole path ran from scratch."""
+    draft = drafts[kind]
+    tokens = torch.tensor([3, 17, 42, 8, 21, 9, 60])  # the last one is the pending token
+    with torch.no_grad():
+        hidden = target(tokens[None].to(target.device), output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
+    prop = proposer(draft, TREES[policy])
+    (tree,) = prop.propose([DraftRequest(0, tokens, 5, hidden[:-1] if kind != "vdm" else None)], SamplingParams(), None)
+    parents = tree.parents.tolist()
+    assert max(parents) > 0 and len(set(parents)) < len(parents)  # two depths or more, and a fork
+    assert prop.runner.stream_len(prop._streams[0]) == tokens.numel() - 1  # only the committed tokens stay
+    s = tokens.numel() - 1
+    for node, parent in enumerate(parents):
+        path = []
+        while parent >= 0:
+            path.insert(0, int(tree.tokens[parent]))
+            parent = parents[parent]
+        seq = torch.cat([tokens, torch.tensor(path, dtype=torch.int64)])  # the block: pending token, then the path
+        block = seq.numel() - s
+        starts = torch.cat([torch.zeros(s, dtype=torch.int64), torch.full((block,), s)])
+        full_hidden = torch.cat([hidden[:s], torch.zeros(block, hidden.shape[1])])[None]
+        with torch.no_grad():
+            logits = draft(seq[None], full_hidden if kind != "vdm" else None, starts)[0, -1]
+        q = logits.softmax(-1)
+        token = int(tree.tokens[node])
+        expected = float(q[(HEAD_IDS == token).nonzero()[0, 0]])
+        assert abs(float(tree.confidence[node]) - expected) < 1e-5, (node, path)
+
+
+def test_new_nodes_runs_the_paths_below_the_kept_nodes_from_one_root() -> None:
+    parents = [-1, 0, 0, 1, 1, 3]
+    assert _new_nodes(parents, [0, 1], [3, 4]) == (1, [1, 3, 4])  # 3 and 4 part right below node 1
+    assert _new_nodes(parents, [0, 1], [4]) == (2, [4])  # below the kept path: one row
+    assert _new_nodes(parents, [0, 1], [2]) == (1, [2])  # another branch: node 1 leaves the cache
+    assert _new_nodes(parents, [0, 1, 3], [5]) == (3, [5])
+    assert _new_nodes(parents, [0, 1, 3], [2, 5]) == (0, [0, 1, 2, 3, 5])  # they part at the root: run it again
+    assert _new_nodes(parents, [0], [1, 2]) == (0, [0, 1, 2])
 
 
 # -- batching --------------------------------------------------------------------------------------

@@ -178,42 +178,50 @@ class DraftDecoderProposer:
         kept: dict[int, list[int]],  # block nodes in each stream's draft cache (a root path)
         depth: int,
     ) -> list[torch.Tensor]:
-        """One draft forward for every active stream: the logits of the nodes it expands. A stream whose one
-        node hangs below the last node kept in its cache runs that node alone and keeps it (a chain's depth);
-        otherwise its whole block runs as scratch over the committed entries."""
-        nodes = {r.key: [blocks[r.key].frontier[j] for j in expand[r.key]] if depth > 1 else [0] for r in active}
-        for r in active:
-            one = nodes[r.key]
-            if depth > 1 and not (len(one) == 1 and kept[r.key] and blocks[r.key].parents[one[0]] == kept[r.key][-1]):
-                self._drop_kept(r, kept[r.key])  # the whole block, over the committed entries only
-        if depth > 1 and len(active) == 1 and kept[active[0].key]:  # one node of one stream: no tree to build
-            r = active[0]
-            kept[r.key].append(nodes[r.key][0])
-            return [self.runner.forward_kept(self._streams[r.key], blocks[r.key].tokens[nodes[r.key][0]])]
+        """One draft forward for every active stream: the logits of the nodes it expands. Depth 1 runs the
+        catch-up entries and the pending token and keeps them; a later depth runs only the nodes to expand and
+        their ancestors not yet in the cache (``_new_nodes``) and keeps the path to the likeliest of them, so a
+        chain's depth is one row and a tree's a few (the whole block ran again at every depth before)."""
+        if depth == 1:
+            trees = [self._catch_up_tree(r, blocks[r.key]) for r in active]
+            out = self.runner.forward(trees, logit_rows=[[len(st.tree) - 1] for st in trees])
+            self.runner.commit({st.stream: range(len(st.tree)) for st in trees})
+            for r in active:
+                kept[r.key][:] = [0]
+            return out.logits
+        nodes = {r.key: [blocks[r.key].frontier[j] for j in expand[r.key]] for r in active}
+        if len(active) == 1 and len(nodes[active[0].key]) == 1:  # one node of one stream below the kept path
+            r, node = active[0], nodes[active[0].key][0]
+            if kept[r.key] and blocks[r.key].parents[node] == kept[r.key][-1]:  # no tree to build
+                kept[r.key].append(node)
+                return [self.runner.forward_kept(self._streams[r.key], blocks[r.key].tokens[node])]
         trees, rows, keep = [], [], {}
         for r in active:
-            block = blocks[r.key]
-            trees.append(self._tree(r, block, depth == 1, nodes[r.key][0] if kept[r.key] else None))
-            if depth == 1 or kept[r.key]:  # the catch-up entries and the pending token, or the one new node
-                rows.append([len(trees[-1].tree) - 1])
-                keep[trees[-1].stream] = range(len(trees[-1].tree))
-                kept[r.key].append(nodes[r.key][0])
-            else:
-                rows.append(nodes[r.key])
+            block, stream = blocks[r.key], self._streams[r.key]
+            held, run = _new_nodes(block.parents, kept[r.key], nodes[r.key])
+            if held < len(kept[r.key]):  # cut the cache back to the kept nodes the new ones hang below
+                self.runner.truncate(stream, self._committed[r.key].numel() + held)
+                del kept[r.key][held:]
+            index = {node: i for i, node in enumerate(run)}
+            parents = [index.get(block.parents[node], -1) for node in run]
+            tokens = torch.tensor([block.tokens[node] for node in run])
+            trees.append(StreamTree(stream, TokenTree(tokens, torch.tensor(parents))))
+            rows.append([index[node] for node in nodes[r.key]])
+            path = [max(nodes[r.key], key=lambda node: block.conf[node])]  # the likeliest to be expanded next
+            while path[-1] != run[0]:
+                path.append(block.parents[path[-1]])
+            keep[stream] = [index[node] for node in reversed(path)]
+            kept[r.key].extend(reversed(path))
         out = self.runner.forward(trees, logit_rows=rows)
         self.runner.commit(keep)
         return out.logits
 
-    def _tree(self, r: DraftRequest, block: _Block, first: bool, node: int | None) -> StreamTree:
-        """Depth 1: the new committed entries then the pending token, one chain. Later: ``node`` alone (its
-        ancestors are in the cache), or with None the whole block."""
-        stream = self._streams[r.key]
-        if first:
-            tokens, embeds = self._catch_up(r)
-            return StreamTree(stream, TokenTree.chain(torch.cat([tokens, torch.tensor(block.tokens)])), embeds)
-        if node is not None:
-            return StreamTree(stream, TokenTree.chain([block.tokens[node]]))
-        return StreamTree(stream, TokenTree(torch.tensor(block.tokens), torch.tensor(block.parents)))
+    def _catch_up_tree(self, r: DraftRequest, block: _Block) -> StreamTree:
+        """Depth 1: the new committed entries then the pending token, one chain."""
+        tokens, embeds = self._catch_up(r)
+        return StreamTree(
+            self._streams[r.key], TokenTree.chain(torch.cat([tokens, torch.tensor(block.tokens)])), embeds
+        )
 
     def _drop_kept(self, r: DraftRequest, kept: list[int]) -> None:
         """Cut the draft's cache back to the committed entries (the block nodes in it are scratch)."""
@@ -395,3 +403,24 @@ def _draw(q: torch.Tensor, k: int, distinct: bool, generator: torch.Generator | 
     if distinct:
         return (q / torch.empty_like(q).exponential_(generator=generator)).topk(k, dim=-1).indices
     return torch.stack([(q / torch.empty_like(q).exponential_(generator=generator)).argmax(-1) for _ in range(k)], 1)
+
+
+def _new_nodes(parents: Sequence[int], kept: Sequence[int], expand: Sequence[int]) -> tuple[int, list[int]]:
+    """(h, run): how many of the ``kept`` nodes (a root path of the block, in the draft's cache) stay, and the
+    block nodes a forward runs so that every node of ``expand`` gets its logits: the nodes of their paths below
+    kept[:h], ascending (parents first). h is the longest prefix of ``kept`` on every such path, one shorter
+    where the paths would part right below it, so that ``run`` hangs from one root (a token tree has one).
+    Example: parents [-1, 0, 0, 1, 1] and kept [0, 1]: expand [3, 4] -> (1, [1, 3, 4]) (3 and 4 would be two
+    roots below 1), expand [4] -> (2, [4]), expand [2] -> (1, [2])."""
+    paths = []
+    for node in expand:
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    held = 0
+    while held < len(kept) and all(len(path) > held + 1 and path[held] == kept[held] for path in paths):
+        held += 1
+    if len({path[held] for path in paths}) > 1:  # the paths part right below kept[:held]: run their fork too
+        held -= 1
+    return held, sorted({node for path in paths for node in path[held:]})
