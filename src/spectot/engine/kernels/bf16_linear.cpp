@@ -76,6 +76,7 @@ using spectot::TileConfig;
 constexpr int64_t PANEL = 64;  // output columns per panel: 4 vectors of 16
 constexpr int64_t PANEL_ROWS = 6;  // input rows per pass over a panel
 constexpr int64_t CHUNK_PAIRS = 64;  // feature pairs of a panel chunk: 16 KB of weights, held in L1 for every group
+constexpr int64_t NEXT_CHUNK_BYTES = CHUNK_PAIRS * 2 * PANEL * 2;  // a later group's prefetch: the next chunk
 
 // (N, K) -> (ceil(N / 64), ceil(K / 2), 64, 2), zero-padded
 torch::Tensor pack(const torch::Tensor& weight) {
@@ -259,9 +260,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col = p * PANEL, cols = std::min<int64_t>(PANEL, N - col);
       const float* pb = bp ? bp + col : nullptr;
-      const uint16_t* wp_ = wp + p * panel_size;
+      const uint16_t* panel = wp + p * panel_size;
       if (rows <= PANEL_ROWS) {  // one pass over the panel, straight from DRAM
-        panel_rows<PREFETCH_BYTES>(rows, xp, pairs, wp_, 0, pairs, nullptr, pb, cols, yp + col, N);
+        panel_rows<PREFETCH_BYTES>(rows, xp, pairs, panel, 0, pairs, nullptr, pb, cols, yp + col, N);
         continue;
       }
       // more rows than registers: the panel in chunks of CHUNK_PAIRS pairs, each read from DRAM by the first
@@ -269,12 +270,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
       for (int64_t j0 = 0; j0 < pairs; j0 += CHUNK_PAIRS) {
         const int64_t j1 = std::min<int64_t>(pairs, j0 + CHUNK_PAIRS);
         for (int64_t r = 0; r < rows; r += PANEL_ROWS) {
-          const int64_t n = std::min<int64_t>(PANEL_ROWS, rows - r);
-          float* pr = part.data() + r * PANEL;
-          if (r == 0)
-            panel_rows<PREFETCH_BYTES>(n, xp + r * pairs, pairs, wp_, j0, j1, pr, pb, cols, yp + r * N + col, N);
-          else
-            panel_rows<CHUNK_PAIRS * 2 * PANEL * 2>(n, xp + r * pairs, pairs, wp_, j0, j1, pr, pb, cols, yp + r * N + col, N);
+          const auto group = r == 0 ? panel_rows<PREFETCH_BYTES> : panel_rows<NEXT_CHUNK_BYTES>;
+          group(std::min<int64_t>(PANEL_ROWS, rows - r), xp + r * pairs, pairs, panel, j0, j1, part.data() + r * PANEL,
+                pb, cols, yp + r * N + col, N);
         }
       }
     }
