@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from spectot.engine.runner import ModelRunner, StreamTree
+from spectot.engine.runner import ModelRunner, SpectotMatmul, StreamTree
 from spectot.engine.token_tree import TokenTree
 from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint
 from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
@@ -262,6 +262,33 @@ def test_greedy_decoding_with_the_lookup_branch_equals_ar(target, drafts, kind: 
         return sum(r.stats.proposed for r in results) / sum(r.stats.verify_steps for r in results)
 
     assert nodes_per_step(out) > nodes_per_step(plain)  # the branches were verified beside the draft's trees
+
+
+@pytest.mark.parametrize("kind", ["edd+copy", "vdm"])
+def test_bf16_drafts_on_spectots_kernels_decode_as_ar(tiny_model, kind: str) -> None:
+    """The benchmarks' setting end to end: a bf16 target and draft on spectot's kernels (the native layer loop where
+    it builds), chains, PCT trees and lookup branches; greedy SD is bf16 AR token for token (the kernels are
+    batch-invariant). The bf16 draft paths had no test before; a zero-row call into the bf16 linear (below) was
+    found by a benchmark's crash, and without its early return this test crashes too."""
+    model = tiny_model.__wrapped__("llama", 0, num_hidden_layers=3).to(torch.bfloat16)  # a fresh copy: stays bf16
+    draft = make_draft(model, kind, HEAD_IDS).to(torch.bfloat16)
+    target_runner = ModelRunner(model, kernels="spectot")
+    if not isinstance(target_runner._linear, SpectotMatmul):
+        pytest.skip("spectot's bf16 kernels need an x86 CPU with AVX2 + FMA and a C++ toolchain")
+    prompts = PROMPTS + REPEATING
+    ar = Decoder(target_runner).generate(prompts, DecodeConfig(method="ar", max_new_tokens=MAX_NEW))
+    for policy, lookup in (("chain", 0), ("pct", 0), ("pct", 1), ("chain", 1)):
+        prop = DraftDecoderProposer(draft, ModelRunner(draft.model, kernels="spectot"), POLICIES[policy], lookup=lookup)
+        decoder = Decoder(ModelRunner(model, kernels="spectot"), proposer=prop)
+        out = decoder.generate(prompts, DecodeConfig(method="sd", max_new_tokens=MAX_NEW, num_draft_tokens=5))
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar], (policy, lookup)
+        assert sum(r.stats.accepted for r in out) > 0  # drafts were accepted, not only verified
+    # a search's prompts extend earlier ones: the draft forks its kept prefix, and a fork that covers every
+    # committed token leaves an empty catch-up (zero rows into the bf16 linear: it once crashed there)
+    extended = [p + r.token_ids[:n] for p, r in zip(prompts, ar) for n in (3, 11)]
+    ar = Decoder(target_runner).generate(extended, DecodeConfig(method="ar", max_new_tokens=8))
+    out = decoder.generate(extended, DecodeConfig(method="sd", max_new_tokens=8, num_draft_tokens=5))
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
 
 
 def test_sampled_decoding_with_the_lookup_branch_keeps_the_target_joint(dist_target) -> None:
