@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare, kstest
@@ -13,7 +14,10 @@ from spectot.spec.sampling import (
     SamplingParams,
     argmax,
     coupled_pick,
+    _exponential,
     logsumexp_rows,
+    noise_at,
+    noise_key,
     position_noise,
     sample,
     sample_at,
@@ -229,6 +233,41 @@ def test_position_noise_is_a_function_of_seed_and_position() -> None:
     assert torch.equal(position_noise(-1, 3, 8), position_noise(2**64 - 1, 3, 8))  # any int seed works
     draws = torch.cat([position_noise(0, j, 10) for j in range(2_000)]).numpy()
     assert kstest(draws, "expon").pvalue > 1e-3  # Exp(1) over positions of one stream
+
+
+def test_noise_at_token_ids_is_the_positions_noise_there() -> None:
+    full = position_noise(9, 4, 300)
+    ids = torch.tensor([299, 0, 17, 17, 150])
+    assert torch.equal(noise_at(9, 4, ids), full[ids])  # any subset, any order: each value is (seed, j, i)'s own
+    assert torch.equal(CoupledNoise(9).at(4, ids), full[ids])
+    # the kernel and numpy draw the same u: their -log u agree to the last bits of a double
+    numpy_path = torch.from_numpy(_exponential(noise_key(9, 4), np.arange(300)))
+    assert torch.allclose(numpy_path, full, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("shape", ["random", "flat", "peaked", "ties", "zeros"])
+def test_sample_at_without_noise_is_the_race_over_the_whole_noise(shape: str) -> None:
+    """The kernel's race (exact logs only where p_i / (1 - u_i) can still win) picks what argmax p / E over all of
+    E_j picks, ties to the lowest index, on many positions of distributions of every kind."""
+    gen = torch.Generator().manual_seed(0)
+    V = 5_000
+    for j in range(60):
+        if shape == "random":
+            p = torch.softmax(3 * torch.randn(V, generator=gen), 0)
+        elif shape == "flat":
+            p = torch.full((V,), 1.0 / V)
+        elif shape == "peaked":
+            p = torch.softmax(12 * torch.randn(V, generator=gen), 0)
+        elif shape == "ties":  # a few equal large values among tiny ones
+            p = torch.full((V,), 1e-9)
+            p[torch.randperm(V, generator=gen)[:4]] = 0.25
+        else:  # most tokens outside a nucleus (probability 0)
+            p = torch.zeros(V)
+            keep = torch.randperm(V, generator=gen)[:30]
+            p[keep] = torch.rand(30, generator=gen)
+            p = p / p.sum()
+        assert sample_at(p, 21, j) == int(coupled_pick(p, position_noise(21, j, V))), (shape, j)
+        assert sample_at(p.double(), 21, j) == int(coupled_pick(p.double(), position_noise(21, j, V)))
 
 
 def test_coupled_noise_draws_each_position_once_and_forgets_the_spent() -> None:

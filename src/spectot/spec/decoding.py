@@ -470,7 +470,6 @@ class DecodeSession:
         that position (``sample_at``), so the output equals ``ar``'s token for token. A sampling draft under a
         sampling stream keeps speculative sampling."""
         sampling, first = s.config.sampling, len(s.generated)  # the root's token is generated token ``first``
-        vocab = logits.shape[-1]
         if sampling.greedy:
             best = argmax(logits).tolist()
 
@@ -480,7 +479,7 @@ class DecodeSession:
 
             def target(row: int, depth: int) -> int:  # only the rows on the accepted path are drawn
                 position = first + depth
-                return sample_at(target_probs(logits[row], sampling), s.seed, position, s.noise(position, vocab))
+                return sample_at(target_probs(logits[row], sampling), s.seed, position)
 
         if draft.parents is not None:
             if sampling.greedy or draft.rule in (None, "deterministic"):
@@ -500,7 +499,7 @@ class DecodeSession:
         if s.config.sampling.greedy:
             return int(argmax(logits))
         position = len(s.generated)
-        return sample_at(target_probs(logits, s.config.sampling), s.seed, position, s.noise(position, logits.shape[-1]))
+        return sample_at(target_probs(logits, s.config.sampling), s.seed, position)
 
     def _emit(self, s: _Stream, new: list[int], logprobs: list[float]) -> int:
         """Append tokens until a stop condition; returns how many were kept."""

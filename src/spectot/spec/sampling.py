@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spectot.engine.kernels import decoder_ops
+from spectot.engine.kernels import decoder_ops, noise_ops
 
 
 @dataclass(frozen=True)
@@ -130,13 +130,39 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return argmax(probs / noise)
 
 
-def position_noise(seed: int, position: int, size: int) -> torch.Tensor:
-    """E_j = (E_{j,1}, ..., E_{j,V}) iid Exp(1), float64: the randomness of a stream's j-th generated token, a
-    function of (seed, j) only (a PCG64 stream keyed by a hash of both, so distinct (seed, j) draw
-    independently). 0.2 ms for 49,152 values on one Zen 5 core."""
+def noise_key(seed: int, position: int) -> int:
+    """The key of the stream's noise at its ``position``-th generated token: a hash of both (distinct (seed, j) draw
+    independently), as a signed 64-bit int for the kernel."""
     digest = hashlib.blake2b(f"{seed % 2**64}:{position}".encode(), digest_size=8).digest()  # a negative seed wraps
-    noise = np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little"))).standard_exponential(size)
-    return torch.from_numpy(np.maximum(noise, np.finfo(np.float64).tiny, out=noise))  # E > 0: p = 0 never wins
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def noise_at(seed: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    """E_{j,i} ~ Exp(1) at the token ids ``ids`` (float64), a function of (seed, j, i) only: -log u_i, u_i from a
+    counter-based hash of (key(seed, j), i) (``kernels/noise.cpp``; numpy's uint64 arithmetic where it is not
+    built). Any subset costs only its own values: a draft reads its head's tokens."""
+    module = noise_ops()
+    if module is not None:
+        return module.exponential(noise_key(seed, position), ids.to(torch.int64))
+    return torch.from_numpy(_exponential(noise_key(seed, position), ids.to(torch.int64).numpy()))
+
+
+def position_noise(seed: int, position: int, size: int) -> torch.Tensor:
+    """E_j = (E_{j,1}, ..., E_{j,V}) iid Exp(1), float64: the randomness of a stream's j-th generated token
+    (``noise_at`` of tokens 0 .. size - 1, so a smaller vocabulary reads a prefix of a larger one's)."""
+    return noise_at(seed, position, torch.arange(size))
+
+
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment; the kernel's constants, for the numpy path
+
+
+def _exponential(key: int, ids: np.ndarray) -> np.ndarray:
+    """``kernels/noise.cpp``'s E_i in numpy (the same bits of u; the log is numpy's)."""
+    z = np.uint64(key % 2**64) + np.uint64(_GAMMA) * (ids.astype(np.uint64) + np.uint64(1))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return -np.log(((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53)
 
 
 def coupled_pick(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -149,10 +175,15 @@ def coupled_pick(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 
 def sample_at(probs: torch.Tensor, seed: int, position: int, noise: torch.Tensor | None = None) -> int:
-    """x_j = argmax_i p_{j,i} / E_{j,i}: an exact draw from p_j on the position's own noise (``position_noise``)
-    that every engine reproduces, however many tokens its forwards cover; a draft that picked its token with
-    the same noise (``coupled_pick``) matches it as often as its distribution allows. ``noise``: E_j if the
-    caller holds it already (``CoupledNoise``)."""
+    """x_j = argmax_i p_{j,i} / E_{j,i}: an exact draw from p_j on the position's own noise (``noise_at``) that
+    every engine reproduces, however many tokens its forwards cover; a draft that picked its token with the same
+    noise (``coupled_pick``) matches it as often as its distribution allows. ``noise``: E_j if the caller holds it
+    already; else the kernel's race finds the argmax without drawing all of E_j (the same token: it takes the exact
+    E_{j,i} wherever p_i / (1 - u_i), an upper bound of p_i / E_{j,i}, can win)."""
+    on_host = probs.device.type == "cpu" and probs.dtype in (torch.float32, torch.float64) and probs.dim() == 1
+    module = noise_ops() if noise is None and on_host else None
+    if module is not None:
+        return int(module.race(probs, noise_key(seed, position)))
     if noise is None:
         noise = position_noise(seed, position, probs.shape[-1])
     return int(coupled_pick(probs, noise))
@@ -173,6 +204,10 @@ class CoupledNoise:
         if noise is None or noise.numel() < size:
             noise = self._held[position] = position_noise(self.seed, position, size)
         return noise[:size]
+
+    def at(self, position: int, ids: torch.Tensor) -> torch.Tensor:
+        """E_j at the token ids ``ids`` only (a draft's head), not held: each costs only its own values."""
+        return noise_at(self.seed, position, ids)
 
     def forget_before(self, position: int) -> None:
         for p in [p for p in self._held if p < position]:

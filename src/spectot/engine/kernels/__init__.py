@@ -14,6 +14,9 @@ write, SwiGLU gate) as one call each, row-wise in a fixed order.
 ``decoder_stack`` (``decoder_stack.cpp``): the runner's whole layer loop in one call over the kernels above
 (compiled into it), with the same results as the loop.
 
+``noise_ops`` (``noise.cpp``): sampled decoding's counter-based coupled noise E_i = -log u_i at any token ids, and the
+draw argmax p / E without drawing all of it.
+
 Builds land in ``$SPECTOT_HOME/kernels/<torch version>/<module>``; when a build is impossible (another CPU,
 no compiler or ninja) the loaders return None and callers fall back to torch.
 """
@@ -104,6 +107,13 @@ def decoder_ops() -> Any | None:
     """The module with ``rms_norm(x, weight, eps)``, ``rope_store(qkv, cos, sin, new_kv, Hq, Hkv) -> q``
     and ``silu_mul(gate_up)`` (see ``decoder_ops.cpp``), or None where it cannot be built."""
     return _build_avx2("decoder_ops", "torch's ops")
+
+
+@cache  # one build per process; the compiled module is immutable
+def noise_ops() -> Any | None:
+    """``exponential(key, ids)`` and ``race(probs, key)``: a position's counter-based coupled noise and the draw
+    argmax p / E over it (see ``noise.cpp``), or None where it cannot be built."""
+    return _build_avx2("noise", "numpy's uint64 arithmetic")
 
 
 @cache  # one build per process; the compiled module is immutable

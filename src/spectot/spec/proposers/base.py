@@ -8,14 +8,14 @@ a greedy or n-gram draft verified against its real logits would not be lossless)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from spectot.engine.token_tree import TokenTree
-from spectot.spec.sampling import SamplingParams
+from spectot.spec.sampling import CoupledNoise, SamplingParams
 from spectot.spec.tree_verify import TreeRule
 from spectot.spec.trees.dynamic import TreePolicy
 
@@ -28,10 +28,10 @@ class DraftRequest:
     hidden: torch.Tensor | None = None  # (m, H) target hidden states of the tokens committed since the last request
     generator: torch.Generator | None = None  # the stream's own random source (else the propose call's)
     policy: TreePolicy | None = None  # the tree to grow for this stream (else the proposer's own)
-    # a sampling stream's noise E_j, (position j, vocabulary size) -> (V,) (``sampling.CoupledNoise``): a
-    # deterministic draft that guesses token j as argmax q / E_j matches the target's own draw more often than
-    # its argmax does; None under greedy decoding
-    noise: Callable[[int, int], torch.Tensor] | None = None
+    # a sampling stream's noise E_j (``noise.at(j, ids)``: its values at the draft's token ids): a deterministic
+    # draft that guesses token j as argmax q / E_j matches the target's own draw more often than its argmax
+    # does; None under greedy decoding
+    noise: CoupledNoise | None = None
     position: int = 0  # j of the draft's first token (tokens generated so far)
 
 

@@ -146,7 +146,7 @@ class DraftDecoderProposer:
                 read = expand[r.key] if depth > 1 else [0]
                 noise = None  # a sampling stream's noise for the children's position, on the head's tokens
                 if mode == "top" and self.coupled and r.noise is not None:
-                    noise = r.noise(r.position + depth - 1, self._vocab)[self._head_ids]
+                    noise = r.noise.at(r.position + depth - 1, self._head_ids)
                 generator_r = r.generator or generator
                 grew = self._grow(blocks[r.key], policies[r.key], depth, read, q_sub, mode, generator_r, noise)
                 if grew and depth < min(r.k, policies[r.key].max_depth, self._room(r)):
