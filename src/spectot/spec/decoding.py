@@ -73,7 +73,7 @@ class _Stream:
     seed: int  # the stream's token j is drawn with noise E_j(seed, j) (``sample_at``): every engine emits the same
     generator: torch.Generator  # from the seed: a sampling draft's own randomness (and its verification's)
     config: DecodeConfig
-    noise: CoupledNoise  # E_j by position, shared by a deterministic draft's guesses and the target's draws
+    noise: CoupledNoise  # E_j by position: a deterministic draft's guesses read it where the target's draws do
     generated: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -228,7 +228,6 @@ class DecodeSession:
                     self._free_prompt(tuple(s.prompt), keep)
         if self.proposer is not None:
             self.proposer.release(s.key)
-        s.noise.clear()
 
     def _free_prompt(self, prompt: tuple[int, ...], keep: bool) -> None:
         entry = self._prompts.pop(prompt)
@@ -504,7 +503,6 @@ class DecodeSession:
     def _emit(self, s: _Stream, new: list[int], logprobs: list[float]) -> int:
         """Append tokens until a stop condition; returns how many were kept."""
         config = s.config
-        s.noise.forget_before(len(s.generated))  # the noise of tokens emitted before these is spent
         for i, (token, logprob) in enumerate(zip(new, logprobs)):
             s.generated.append(token)
             s.logprobs.append(logprob)

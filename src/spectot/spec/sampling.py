@@ -190,10 +190,10 @@ def sample_at(probs: torch.Tensor, seed: int, position: int, noise: torch.Tensor
 
 
 class CoupledNoise:
-    """One stream's E_j by position, each drawn once: a draft guesses token j with the very noise the target
-    then samples it with (``coupled_pick``), and verification reuses it. ``forget_before`` drops what is done.
-    A draw's first n values are the draw of n (one PCG64 stream, consumed value by value), so a draft over a
-    smaller vocabulary than the target's reads a prefix of the same noise; the largest size asked is kept."""
+    """One stream's noise: ``at(j, ids)`` gives a draft's guess for token j the values the target's draw
+    (``sample_at``, which races without them) reads there. Calling it holds a position's whole E_j, drawn once
+    (a draw's first n values are the draw of n, so a smaller vocabulary reads a prefix; the largest size asked
+    is kept) until ``forget_before`` drops it; the engines need only ``at``."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
