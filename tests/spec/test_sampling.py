@@ -270,23 +270,6 @@ def test_sample_at_without_noise_is_the_race_over_the_whole_noise(shape: str) ->
         assert sample_at(p.double(), 21, j) == int(coupled_pick(p.double(), position_noise(21, j, V)))
 
 
-def test_coupled_noise_draws_each_position_once_and_forgets_the_spent() -> None:
-    noise = CoupledNoise(5)
-    first = noise(2, 16)
-    same = lambda a, b: a.data_ptr() == b.data_ptr()  # noqa: E731  (held, not drawn again)
-    assert same(noise(2, 16), first) and torch.equal(first, position_noise(5, 2, 16))
-    noise(3, 16)
-    noise.forget_before(3)
-    assert same(noise(3, 16), noise(3, 16)) and not same(noise(2, 16), first)  # 2 was dropped, drawn again alike
-    assert torch.equal(noise(2, 16), first)
-    # a smaller vocabulary (a draft's) reads a prefix of the same draw, and a larger one extends it
-    assert torch.equal(noise(2, 10), first[:10]) and torch.equal(position_noise(5, 2, 10), first[:10])
-    assert torch.equal(noise(2, 40)[:16], first) and noise(2, 16).numel() == 16
-    held = noise(3, 16)
-    noise.clear()
-    assert not same(noise(3, 16), held) and torch.equal(noise(3, 16), held)  # cleared: drawn again, alike
-
-
 def test_a_guess_with_the_targets_noise_matches_its_draw_far_more_often_than_the_argmax() -> None:
     """Coupled guesses: a draft equal to the target always matches; a close one matches at least
     (1 - TV) / (1 + TV) of the time (Daliri et al. 2024), where its argmax matches only p(argmax q)."""

@@ -189,30 +189,13 @@ def sample_at(probs: torch.Tensor, seed: int, position: int, noise: torch.Tensor
     return int(coupled_pick(probs, noise))
 
 
+@dataclass(frozen=True)
 class CoupledNoise:
-    """One stream's noise: ``at(j, ids)`` gives a draft's guess for token j the values the target's draw
-    (``sample_at``, which races without them) reads there. Calling it holds a position's whole E_j, drawn once
-    (a draw's first n values are the draw of n, so a smaller vocabulary reads a prefix; the largest size asked
-    is kept) until ``forget_before`` drops it; the engines need only ``at``."""
+    """One stream's noise: ``at(j, ids)`` gives a draft's guess for token j the values E_j the target's draw
+    (``sample_at``, which races without them) reads there."""
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self._held: dict[int, torch.Tensor] = {}
-
-    def __call__(self, position: int, size: int) -> torch.Tensor:
-        noise = self._held.get(position)
-        if noise is None or noise.numel() < size:
-            noise = self._held[position] = position_noise(self.seed, position, size)
-        return noise[:size]
+    seed: int
 
     def at(self, position: int, ids: torch.Tensor) -> torch.Tensor:
-        """E_j at the token ids ``ids`` only (a draft's head), not held: each costs only its own values."""
+        """E_j at the token ids ``ids`` only (a draft's head): each costs only its own values."""
         return noise_at(self.seed, position, ids)
-
-    def forget_before(self, position: int) -> None:
-        for p in [p for p in self._held if p < position]:
-            del self._held[p]
-
-    def clear(self) -> None:
-        """The stream is done: drop every held position (V float64 values each)."""
-        self._held.clear()
