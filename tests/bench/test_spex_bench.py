@@ -83,6 +83,11 @@ def test_chunks_take_turns_and_a_running_cell_compares_on_the_chunks_it_has(tmp_
     assert rows["spex"]["problems"] == 2  # one chunk so far
     assert rows["spex"]["speedup_vs_plain"] == 2.0  # 8 s against 4 s on questions 1-2, not 14 s on 1-4
     assert rows["spex"]["accuracy_delta_vs_plain"] == 0.5  # 2/2 against 1/2 there
+    assert rows["spex"]["chunk_speedups"] == [2.0]
+    records[("gsm8k", "rebase", 1, "spex", 2)] = chunk(2, 5.0, 0) | {"k_total": 4, "early_stop": False}
+    rows = {r["variant"]: r for r in write_results(tmp_path, records, [], {}, opts)["rows"]}
+    assert rows["spex"]["chunk_speedups"] == [2.0, 1.2] and rows["spex"]["speedup_vs_plain"] == 14.0 / 9.0
+    assert "| 1.56 | 2.00 / 1.20 |" in (tmp_path / "results.md").read_text()  # each chunk's own, in turn
 
 
 def test_a_plain_bfs_row_gets_its_trees_replayed_on_the_throughput_curve(tmp_path) -> None:
