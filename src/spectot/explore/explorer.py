@@ -9,7 +9,8 @@ With speculation, while the consumer waits at a reward barrier the explorer star
 search will probably ask for next:
     BFS  a level child that finished early is expanded ahead with the algorithm's own width rule over
          its finished siblings and, for each sibling still running, a stand-in scored at their mean
-         reward (``expected_widths``), ``lookahead`` layers deep;
+         reward (``expected_widths``), ``lookahead`` layers deep (a deeper layer's widths: over its level's
+         finished speculated nodes, the rest of the level's ``budget`` nodes stood in alike);
     DFS  the search itself asks for ``spare()`` extra rollouts: pre-runs of its predicted next
          selections made of ``ahead`` expansions (exact), or rollouts it folds in (the paper's).
 Speculative work runs at backend priority 2, or 1 for the likeliest pre-run (primary work, 0, is admitted
@@ -263,11 +264,13 @@ class Explorer:
     def _after_speculative(self, task: asyncio.Task, rule: WidthRule, budget: int, depth_left: int) -> None:
         if task.cancelled() or task.exception() is not None:
             return
-        child = task.result()
-        family = [job.task for key, job in self._jobs.items() if key.parent == child.key.parent]
-        siblings = [t.result() for t in family if _succeeded(t)]
-        pending = sum(not t.done() for t in family)
-        self._speculate_children(siblings, pending, rule, budget, depth_left - 1)
+        # the child's whole level, not its parent's family: the level has ``budget`` nodes (the widths above sum
+        # to it), so each one not finished yet, speculated or not, stands in at the finished ones' mean reward
+        # (over the family alone, a first speculated child took the whole budget for its own children)
+        depth = len(task.result().key.parent)
+        level = [job.task for key, job in self._jobs.items() if len(key.parent) == depth and _succeeded(job.task)]
+        finished = [t.result() for t in level]
+        self._speculate_children(finished, max(budget - len(finished), 0), rule, budget, depth_left - 1)
 
     def _primary(self, key: ChildKey) -> asyncio.Task:
         task = asyncio.create_task(self.expander.expand(key, PRIMARY))
