@@ -21,6 +21,7 @@ import pytest
 
 from spectot.backends.base import Completion, CompletionRequest
 from spectot.explore.explorer import Explorer, SharedBudget, expected_widths
+from spectot.explore.oracle import OracleExplorer
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.explore.termination import settled
 from spectot.search.bfs import reward_balanced_search, width_rule
@@ -167,6 +168,26 @@ def test_a_second_layer_is_speculated_with_its_whole_level_sharing_the_budget() 
             _, explorer, _ = run(reward_balanced_search, source, config, seed=seed)
             speculated, hits = speculated + explorer.counters.speculated, hits + explorer.counters.hits
     assert speculated > 50 and hits / speculated > 0.6
+
+
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_the_oracle_speculates_plains_tree_and_nothing_else(lookahead) -> None:
+    """Told the plain tree, the explorer speculates only nodes of it (hit rate 1, nothing cancelled or wasted),
+    within k_total, and the search is still plain's; SPEX's own guesses on the same toy miss some."""
+    for seed in range(4):
+        config = TreeSearchConfig("rebase", budget=6)
+        plain, _, _ = run(reward_balanced_search, PlainSource, config, seed=seed)
+        tree = [c.key for c in plain.expansions]
+        budget = SharedBudget(k_total=8)
+        source = lambda e, b=budget, t=tree: OracleExplorer(e, b, t, lookahead=lookahead)  # noqa: E731
+        on, oracle, _ = run(reward_balanced_search, source, config, seed=seed)
+        assert shape(on) == shape(plain)
+        c = oracle.counters
+        assert c.speculated > 0 and c.hits == c.speculated and c.cancelled == c.wasted_tokens == 0
+        assert c.budget_peak <= 8 and budget.in_flight.get(0, 0) == 0
+    guess = SharedBudget(k_total=8)
+    _, spex, _ = run(reward_balanced_search, lambda e: Explorer(e, guess, lookahead=2), config, seed=3)
+    assert spex.counters.hits < spex.counters.speculated
 
 
 def _primary(plain, backend):
