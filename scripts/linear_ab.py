@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load
 
+from spectot.engine.kernels import cpu_has
+
 KERNELS = Path(__file__).resolve().parents[1] / "src/spectot/engine/kernels"
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+AVX512_BF16 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 # SmolLM2-135M: 30 layers of (q|k|v, o, gate|up, down), then the tied LM head
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
@@ -29,7 +31,9 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)
 def build(name: str, source: str, folder: Path) -> object:
     (folder / "vec.h").write_text((KERNELS / "vec.h").read_text())
     (folder / f"{name}.cpp").write_text(source)
-    return load(name=name, sources=[str(folder / f"{name}.cpp")], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+    isa = AVX512_BF16 if cpu_has("avx512_bf16") else []  # the build the product makes on this CPU (no AMX here)
+    flags = ["-O3", "-mavx2", "-mfma", "-fopenmp", *isa]
+    return load(name=name, sources=[str(folder / f"{name}.cpp")], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                 build_directory=str(folder), verbose=False)  # fmt: skip
 
 
