@@ -41,8 +41,8 @@ async def search_one(task, problem, backend, config, variant: str, k_total: int,
     expander = Expander(task, problem, backend, "self_eval", seed, ExpansionSampling())
     if variant == "plain":
         source = PlainSource(expander)
-    elif variant == "spex":
-        source = Explorer(expander, SharedBudget(k_total), 0, lookahead)
+    elif variant.startswith("spex"):
+        source = Explorer(expander, SharedBudget(k_total), 0, lookahead, retract=variant == "spex-retract")
     else:
         source = OracleExplorer(expander, SharedBudget(k_total), tree, lookahead=lookahead)
     t = time.perf_counter()
@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--k-total", type=int, default=8)
     parser.add_argument("--lookahead", default="1,2", help="comma-separated: one oracle variant each")
     parser.add_argument("--spex-lookahead", type=int, default=2, help="the product explorer's lookahead")
+    parser.add_argument("--retract", action="store_true", help="also run the explorer with retract=True")
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
@@ -91,7 +92,7 @@ def main() -> None:
 
     asyncio.run(warm_up())
     oracles = [f"oracle-L{ahead}" for ahead in map(int, args.lookahead.split(","))]
-    variants = ["plain", "spex", *oracles]
+    variants = ["plain", "spex", *(["spex-retract"] if args.retract else []), *oracles]
     for first in range(0, len(problems), args.chunk):
         chunk = problems[first : first + args.chunk]
         for variant in variants:

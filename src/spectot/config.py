@@ -615,6 +615,13 @@ class TreeSearchOptions:
         default=8, **opt("SPEX: expansions in flight over all queries, primary + speculative (bench spex measures it)")
     )
     lookahead: int = field(default=2, **opt("SPEX BFS: layers expanded ahead"))
+    retract: bool = field(
+        default=True,
+        **opt(
+            "SPEX BFS: cancel a running speculated child as soon as its level's latest widths no longer predict it "
+            "(a finished one is kept); off: it runs until the level is decided"
+        ),
+    )
     fill_rows: int = field(
         default=0,
         **opt(

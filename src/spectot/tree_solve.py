@@ -76,7 +76,9 @@ def tree_config(search: SearchOptions, tree: TreeSearchOptions) -> TreeSearchCon
 
 
 def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
-    return ExploreConfig(tree.explore, tree.k_total, tree.lookahead, 1.0, tree.early_stop, tree.min_answers, tree.alpha)
+    return ExploreConfig(
+        tree.explore, tree.k_total, tree.lookahead, tree.retract, 1.0, tree.early_stop, tree.min_answers, tree.alpha
+    )
 
 
 def make_backend(

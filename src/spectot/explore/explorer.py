@@ -38,6 +38,7 @@ from typing import Any
 from spectot.backends.base import LivePriority
 from spectot.explore.budget import allocate
 from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
+from spectot.tasks.base import State
 
 WidthRule = Callable[[Sequence[Child], int], list[int]]  # (finished siblings, budget) -> children of each
 
@@ -135,8 +136,10 @@ class Explorer:
         budget: SharedBudget | None = None,  # None: no speculation (the plain algorithm)
         query: int = 0,
         lookahead: int = 2,  # BFS: layers expanded ahead of the level being waited for
+        retract: bool = True,  # BFS: cancel a running speculated child once the widths no longer predict it
     ) -> None:
         self.expander, self.budget, self.query, self.lookahead = expander, budget, query, lookahead
+        self.retract = retract
         self.counters = SpecCounters()
         self._jobs: dict[ChildKey, _Job] = {}
 
@@ -255,11 +258,23 @@ class Explorer:
             return
         open_budget = max(budget - sum(c.final for c in siblings), 0)
         widths = expected_widths(rule, candidates, pending, open_budget)
+        if self.retract:
+            self._retract({c.state: w for c, w in zip(candidates, widths)})
         keys = [ChildKey(c.state, i) for c, w in zip(candidates, widths) for i in range(w)]
         keys = [k for k in keys if k not in self._jobs]
         for key in keys[: self.spare(len(keys), depth=len(candidates[0].state))]:
             task = self._launch(key)
             task.add_done_callback(lambda t, b=open_budget, d=depth_left: self._after_speculative(t, rule, b, d))
+
+    def _retract(self, widths: dict[State, int]) -> None:
+        """Cancel the running speculative children of these parents beyond their latest predicted width (a
+        finished one stays: a later prediction may want it back)."""
+        for key, job in list(self._jobs.items()):
+            beyond = key.parent in widths and key.index >= widths[key.parent]
+            if beyond and job.speculative and not job.used and not job.task.done():
+                job.task.cancel()
+                self.counters.cancelled += 1
+                del self._jobs[key]
 
     def _after_speculative(self, task: asyncio.Task, rule: WidthRule, budget: int, depth_left: int) -> None:
         if task.cancelled() or task.exception() is not None:

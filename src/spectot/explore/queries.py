@@ -31,6 +31,7 @@ class ExploreConfig:
     explore: Exploration = "none"
     k_total: int = 8  # expansions in flight over all queries, primary + speculative (`bench spex` measures it)
     lookahead: int = 2  # BFS: layers expanded ahead
+    retract: bool = True  # BFS: cancel running speculation the latest widths no longer predict
     tau: float = 1.0  # softmax temperature of the inter-query allocation
     early_stop: bool = False
     min_answers: int = 4  # t: answers needed before the vote may settle
@@ -85,7 +86,11 @@ async def run_queries(
         async with gate:
             t = time.perf_counter()
             expander = Expander(task, problem, backend, reward, seed, sampling or ExpansionSampling())
-            source = Explorer(expander, budget, q, explore.lookahead) if budget is not None else PlainSource(expander)
+            source = (
+                Explorer(expander, budget, q, explore.lookahead, explore.retract)
+                if budget is not None
+                else PlainSource(expander)
+            )
             run = mcts_search if search.algorithm in ("rstar", "rest-mcts") else reward_balanced_search
             try:
                 result = await run(task, problem, source, search, stop)
