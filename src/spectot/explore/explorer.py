@@ -10,7 +10,9 @@ search will probably ask for next:
     BFS  a level child that finished early is expanded ahead with the algorithm's own width rule over
          its finished siblings and, for each sibling still running, a stand-in scored at their mean
          reward (``expected_widths``), ``lookahead`` layers deep (a deeper layer's widths: over its level's
-         finished speculated nodes, the rest of the level's ``budget`` nodes stood in alike);
+         finished speculated nodes, the rest of the level's ``budget`` nodes stood in alike); with
+         ``retract``, a running speculated child is cancelled once a later finish lowers its parent's
+         predicted width below its index (a finished one is kept for a later prediction);
     DFS  the search itself asks for ``spare()`` extra rollouts: pre-runs of its predicted next
          selections made of ``ahead`` expansions (exact), or rollouts it folds in (the paper's).
 Speculative work runs at backend priority 2, or 1 for the likeliest pre-run (primary work, 0, is admitted
