@@ -3,7 +3,8 @@
 `scripts/spex_ceiling.py` replays plain trees on a throughput curve and leaves out what the curve does not hold
 (prompt prefill, the explorer, the scheduler). Here each question is searched in turn by:
   plain   REBASE / ETS at the reward barriers; its tree (every expansion's key) is recorded;
-  spex    the product's explorer (the width rule over the finished siblings, `explorer.py`);
+  spex    the product's explorer (the width rule over the finished siblings, `explorer.py`), without retraction;
+  spex-retract  the same with retraction (`--retract`; the product's default);
   oracle  the same explorer but told plain's tree: it speculates exactly the children plain expanded, each
           as soon as its parent has finished (up to `--lookahead` layers ahead, within k_total), and nothing
           else: hit rate 1, no waste. Its time is the most any BFS speculator gains on this engine.
@@ -11,7 +12,7 @@ The variants take turns on chunks of questions (the machine drifts); each chunk 
 The answers of all three must be plain's (the search is exact); the script checks it.
 
 Usage: python scripts/spex_oracle.py --problems 40 --task gsm8k --data ../shared/data/gsm8k/test.jsonl
-    [--budget 4] [--k-total 8] [--lookahead 1,2] [--search rebase] [--chunk 10] --out DIR
+    [--budget 4] [--k-total 8] [--lookahead 1,2] [--retract] [--search rebase] [--chunk 10] --out DIR
 Writes DIR/records.jsonl (one line a question and variant; a rerun skips what is there) and DIR/summary.json.
 """
 
