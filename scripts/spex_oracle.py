@@ -9,7 +9,7 @@
           as soon as its parent has finished (up to `--lookahead` layers ahead, within k_total), and nothing
           else: hit rate 1, no waste. Its time is the most any BFS speculator gains on this engine.
 The variants take turns on chunks of questions (the machine drifts); each chunk starts with a cold prefix cache.
-The answers of all three must be plain's (the search is exact); the script checks it.
+The answers of every variant must be plain's (the search is exact); the script checks it.
 
 Usage: python scripts/spex_oracle.py --problems 40 --task gsm8k --data ../shared/data/gsm8k/test.jsonl
     [--budget 4] [--k-total 8] [--lookahead 1,2] [--retract] [--search rebase] [--chunk 10] --out DIR
