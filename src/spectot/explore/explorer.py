@@ -227,10 +227,11 @@ class Explorer:
         self.counters.saved_expansions += len(expansions)
         self._consumed(expansions)
 
-    def retain(self, keep: Callable[[ChildKey], bool]) -> None:
-        """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget)."""
+    def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
+        """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget);
+        ``running_only``: a finished one stays."""
         for key, job in list(self._jobs.items()):
-            if job.speculative and not job.used and not keep(key):
+            if job.speculative and not job.used and not keep(key) and not (running_only and job.task.done()):
                 if not job.task.done():
                     job.task.cancel()
                     self.counters.cancelled += 1
@@ -271,12 +272,7 @@ class Explorer:
     def _retract(self, widths: dict[State, int]) -> None:
         """Cancel the running speculative children of these parents beyond their latest predicted width (a
         finished one stays: a later prediction may want it back)."""
-        for key, job in list(self._jobs.items()):
-            beyond = key.parent in widths and key.index >= widths[key.parent]
-            if beyond and job.speculative and not job.used and not job.task.done():
-                job.task.cancel()
-                self.counters.cancelled += 1
-                del self._jobs[key]
+        self.retain(lambda key: key.parent not in widths or key.index < widths[key.parent], running_only=True)
 
     def _after_speculative(self, task: asyncio.Task, rule: WidthRule, budget: int, depth_left: int) -> None:
         if task.cancelled() or task.exception() is not None:
