@@ -72,6 +72,7 @@ class ScriptedBackend:
         self.rng, self.max_latency = random.Random(seed), max_latency
         self.log: list[CompletionRequest] = []
         self.cancelled = 0
+        self.cancelled_ids: set[int] = set()  # id() of the logged requests that were cancelled
 
     async def complete(self, request: CompletionRequest) -> Completion:
         self.log.append(request)
@@ -79,6 +80,7 @@ class ScriptedBackend:
             await asyncio.sleep(self.rng.random() * self.max_latency)
         except asyncio.CancelledError:
             self.cancelled += 1
+            self.cancelled_ids.add(id(request))
             raise
         h = _digest(request.prompt, request.seed)
         if request.prompt.startswith("value"):
@@ -128,7 +130,9 @@ def test_bfs_tree_is_the_same_with_and_without_speculation(algorithm, latency_se
     # speculative requests never exceeded the budget
     thoughts = Counter((r.prompt, r.seed) for r in backend.log if r.prompt.startswith("think"))
     assert sum(n - 1 for n in thoughts.values()) <= (backend.cancelled if retract else 0)
-    assert all(r.priority == 0 for r in backend.log if (r.prompt, r.seed) in _primary(plain, backend))
+    # (a needed thought retracted while it ran speculatively has that cancelled request in the log too)
+    needed = [r for r in backend.log if (r.prompt, r.seed) in _primary(plain, backend)]
+    assert all(r.priority == 0 for r in needed if id(r) not in backend.cancelled_ids)
     assert explorer.counters.speculated > 0 and explorer.counters.budget_peak <= 4
     assert explorer.counters.speculative_seconds > 0  # budget use: the speculative expansions' run time
     assert budget.in_flight.get(0, 0) == 0  # cancelled and finished speculation gave its budget back
