@@ -38,11 +38,12 @@ def test_matches_fp32_reference_within_bf16_rounding(in_features: int, with_bias
     assert ((y.float() - ref).abs() <= ref.abs() * 2**-8 + 1e-4).all()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 33])
-@pytest.mark.parametrize("in_features", [96, 577])  # 577: several chunks of a panel's pairs, the last one short
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 9, 17, 33])
+@pytest.mark.parametrize("in_features", [96, 577])  # 577: several chunks of a panel's features, the last one short
 def test_every_row_is_computed_as_if_alone(rows: int, in_features: int) -> None:
-    """Past six rows a panel is read in chunks whose sums wait in memory between the groups of rows: a row's
-    bits must still be the ones it gets alone (one uninterrupted pass)."""
+    """Rows go in groups with tiles of their own shape, and past one group (5 rows on AVX2, 6 with AVX512-BF16)
+    a panel is read in chunks whose sums wait in memory between the groups: a row's bits must still be the
+    ones it gets alone (one uninterrupted pass)."""
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=gen).bfloat16()
     w = torch.randn(300, in_features, generator=gen).bfloat16()

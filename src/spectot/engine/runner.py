@@ -132,8 +132,8 @@ class TiledMatmul(TorchMatmul):
 
 
 class SpectotMatmul:
-    """spectot's batch-invariant bf16 kernel (``kernels/bf16_linear.cpp``). With AVX512-BF16 it reads
-    weights packed once here into panels whose vector lanes are output columns: the runner then holds
+    """spectot's batch-invariant bf16 kernel (``kernels/bf16_linear.cpp``). It reads weights packed once
+    here into panels whose vector lanes are output columns (each build its own layout): the runner then holds
     each linear weight twice (the checkpoint's tensor stays, for the embedding and anyone calling the
     model), and a weight changed after the runner was built is not seen. On CPUs with AMX, forwards of
     ``amx_rows`` rows or more run on the tile unit. One SmolLM2 forward at a 128-token context on a 2-core

@@ -3,19 +3,18 @@
 // y[r, j] = sum_k x[r, k] * W[j, k] (+ b[j]), bf16 in, fp32 accumulate, bf16 out.
 //
 // Why: on AVX2-only CPUs the library bf16 GEMM converts weights again for every input row, so a
-// forward over n tree tokens costs ~n times one token. Here each 8-wide block of a weight row is
-// converted once and multiplied into several input rows held in registers (tiles of output columns
-// x input rows), so extra rows cost FMAs, not memory traffic. Every output element is accumulated in
-// the same order whatever the number of rows (8 lanes over k = lane mod 8, then a fixed horizontal
-// sum), so a row's result does not depend on the batch it is in: a tree forward reproduces the AR
-// step bit for bit.
+// forward over n tree tokens costs ~n times one token. Here weights are packed once at load into panels
+// whose vector lanes are output columns; each step widens a panel's weights for one input feature once and
+// multiplies them into several input rows held in registers, so extra rows cost FMAs, not memory traffic
+// or conversions. Every output element is a sum over k in order (one FMA chain per lane), whatever the
+// number of rows or the tile, so a row's result does not depend on the batch it is in: a tree forward
+// reproduces the AR step bit for bit.
 //
 // Built with -mavx512bf16 (CPUs with AVX512-BF16 but no AMX, e.g. AMD Zen 4/5), the kernel multiplies bf16
-// pairs natively (vdpbf16ps) over weights packed once at load into panels whose lanes are output columns
-// (see `pack` below), so neither weights nor inputs are converted and no output needs a horizontal sum.
-// The linears of one SmolLM2 forward on a 2-core Zen 5 then cost about the same for 1 to 8 rows.
+// pairs natively (vdpbf16ps) over panels of feature pairs (see `pack` below), so neither weights nor inputs
+// are converted. The linears of one SmolLM2 forward on a 2-core Zen 5 then cost about the same for 1 to 8 rows.
 //
-// Both builds expose the same two calls: `pack(W)` once per weight (the AVX2 build keeps W as it is), then
+// Both builds expose the same two calls: `pack(W)` once per weight (each build its own layout), then
 // `linear(x, packed, bias, N)`.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -28,13 +27,6 @@
 #include "vec.h"
 
 namespace {
-
-inline float hsum(__m256 v) {  // fixed order: (lo + hi), then pairwise
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
 
 // Weights stream from DRAM once per forward (SmolLM2's 270 MB do not fit in cache), and the hardware
 // prefetcher alone keeps too few lines in flight once several input rows make each line cost more
@@ -280,118 +272,138 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   return y.view(out_shape);
 }
 #else
-using Input = float;  // x upcast to fp32 (exact)
-torch::Tensor as_input(const torch::Tensor& x) { return x.to(torch::kFloat32).contiguous(); }
+// The AVX2 kernel reads weights packed once at load into panels of 16 output columns (``pack``): for each input
+// feature k the panel holds its 16 columns' bf16 weights in 32 contiguous bytes, as 8 32-bit words whose low
+// half is column i and high half column 8 + i. One load then widens to fp32 exactly with one shift (columns
+// 0-7) and one AND (columns 8-15), and lane i of an accumulator is one output column: each step broadcasts one
+// input row's x[k] and multiplies it into 16 columns, so a column's sum runs over k in order, one FMA after the
+// other, with no horizontal reduction. That order depends on nothing but k, so a row's result does not depend
+// on the rows beside it or on the tile shape. A weight is widened once per step for every row of a tile (up to
+// 5), so extra rows cost FMAs, not conversions or memory traffic.
+// Session 40, 2-core Zen 3: measured against the row-major tiles this replaced (one column x 8 rows, a dot
+// product and a horizontal sum per output), see README.
+constexpr int64_t PANEL = 16;  // output columns per panel: two vectors of 8
+// Input rows of a tile over one panel. From L2 on a Zen 3 core (one thread, `panel_tile` alone): 2 rows x 2
+// panels 44 GMAC/s, 3 x 1 36, 4 x 1 46, 5 x 1 45 (2 FMAs a cycle is ~48); 6 x 1 spills accumulators (GCC): 34.
+constexpr int64_t MAX_ROWS = 5;
+constexpr int64_t CHUNK = 128;  // features of a panel chunk when rows need several groups: 4 KB of weights
 
-using spectot::load_bf16x8;
-
-// One micro-tile: out[r][c] = dot(x[r, :], w[c, :]) for JB weight rows (output columns) and RB
-// input rows, JB*RB accumulators in registers. Each output element is accumulated in the same order
-// (8 lanes over the multiple-of-8 part of k, fixed horizontal sum, then the tail in order) whatever
-// the tile shape, so tiling never changes a result.
-template <int JB, int RB>
-inline __attribute__((always_inline)) void tile(const float* x, int64_t K, const uint16_t* w, float* out,
-                                                int64_t out_stride) {
-  const int64_t K8 = K - K % 8;
-  __m256 acc[JB][RB];
-#pragma GCC unroll 8
-  for (int c = 0; c < JB; ++c)
-#pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) acc[c][r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K8; k += 8) {
-    __m256 wv[JB];
-#pragma GCC unroll 8
-    for (int c = 0; c < JB; ++c) wv[c] = load_bf16x8(w + c * K + k);
-    if ((k & 31) == 0)  // one prefetch per 64-byte line
-      for (int c = 0; c < JB; ++c) prefetch_ahead(w + c * K + k);
-#pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
-#pragma GCC unroll 8
-      for (int c = 0; c < JB; ++c) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
-    }
-  }
-  for (int c = 0; c < JB; ++c)
-    for (int r = 0; r < RB; ++r) {
-      float sum = hsum(acc[c][r]);
-      for (int64_t k = K8; k < K; ++k) sum += x[r * K + k] * bf16_to_float(w[c * K + k]);
-      out[r * out_stride + c] = sum;
-    }
-}
-
-// JB output columns for one block of rb <= 8 rows.
-template <int JB>
-inline void block(const float* x, int64_t rb, int64_t K, const uint16_t* w, float* out, int64_t ld) {
-  switch (rb) {
-    case 8: tile<JB, 8>(x, K, w, out, ld); break;
-    case 7: tile<JB, 7>(x, K, w, out, ld); break;
-    case 6: tile<JB, 6>(x, K, w, out, ld); break;
-    case 5: tile<JB, 5>(x, K, w, out, ld); break;
-    case 4: tile<JB, 4>(x, K, w, out, ld); break;
-    case 3: tile<JB, 3>(x, K, w, out, ld); break;
-    case 2: tile<JB, 2>(x, K, w, out, ld); break;
-    case 1: tile<JB, 1>(x, K, w, out, ld); break;
-    default: break;
-  }
-}
-
-// Output columns [0, cols) for all rows. One row (an AR step): tiles of 8 columns, so 8 independent
-// FMA chains hide the FMA latency. Several rows: blocks of 8 rows, and for each block one column at
-// a time with the block's rows in registers -- the block's inputs stay in L1 while the chunk's
-// weights stream from L2 (rows outer: measured 62 -> 49 ms of linears per 16-row forward of
-// SmolLM2; columns outer re-read every row from L2 once more than 8 rows were in flight). Every
-// element is accumulated in the same order whatever the blocking.
-void gemm(const float* x, int64_t rows, int64_t K, const uint16_t* w, int64_t cols, float* out, int64_t ld) {
-  if (rows == 1) {
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) tile<8, 1>(x, K, w + c * K, out + c, ld);
-    for (; c < cols; ++c) tile<1, 1>(x, K, w + c * K, out + c, ld);
-    return;
-  }
-  for (int64_t r = 0; r < rows; r += 8) {
-    const int64_t rb = std::min<int64_t>(8, rows - r);
-    for (int64_t c = 0; c < cols; ++c) block<1>(x + r * K, rb, K, w + c * K, out + r * ld + c, ld);
-  }
-}
-// The AVX2 tiles read the checkpoint's row-major weights as they are.
+// (N, K) -> (ceil(N / 16), K, 8, 2): element [p, k, i, h] is W[16 p + 8 h + i, k], zero-padded
 torch::Tensor pack(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight must be (N, K) bf16");
-  return weight.contiguous();
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t padded_n = (N + PANEL - 1) / PANEL * PANEL;
+  auto padded = torch::zeros({padded_n, K}, weight.options());
+  padded.narrow(0, 0, N).copy_(weight);
+  return padded.view({padded_n / PANEL, 2, PANEL / 2, K}).permute({0, 3, 2, 1}).contiguous();
 }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias, int64_t N_out,
+// P consecutive panels (16 P columns) for RB rows of x (fp32, K apart) over features [k0, k1): the fp32 sums
+// out[r * 16 P + c] start from zero (k0 == 0) or from what out holds (an earlier chunk's; storing and reloading
+// a fp32 sum is exact, so the order stays k's however the features are chunked). Each panel is one stream of
+// 32 bytes a feature; a step takes two features, one 64-byte line of every panel, and prefetches the line
+// `ahead` bytes further on.
+template <int P, int RB>
+inline __attribute__((always_inline)) void panel_tile(const float* x, int64_t K, const uint16_t* w, int64_t k0,
+                                                      int64_t k1, int64_t panel_size, int64_t ahead, float* out) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256 acc[2 * P][RB];
+#pragma GCC unroll 8
+  for (int c = 0; c < 2 * P; ++c)
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) acc[c][r] = k0 ? _mm256_loadu_ps(out + r * P * PANEL + c * 8) : _mm256_setzero_ps();
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * panel_size + k * PANEL));
+      const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(x + r * K + k);
+        acc[2 * p][r] = _mm256_fmadd_ps(xv, lo, acc[2 * p][r]);
+        acc[2 * p + 1][r] = _mm256_fmadd_ps(xv, hi, acc[2 * p + 1][r]);
+      }
+    }
+  };
+  int64_t k = k0;
+  for (; k + 2 <= k1; k += 2) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+      __builtin_prefetch(reinterpret_cast<const char*>(w + p * panel_size + k * PANEL) + ahead, 0 /* read */, 3 /* T0 */);
+    step(k);
+    step(k + 1);
+  }
+  if (k < k1) step(k);
+#pragma GCC unroll 8
+  for (int c = 0; c < 2 * P; ++c)
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) _mm256_storeu_ps(out + r * P * PANEL + c * 8, acc[c][r]);
+}
+
+// One group of rb <= 5 rows over P panels (P = 2: rb <= 2).
+template <int P>
+void panel_rows(int64_t rb, const float* x, int64_t K, const uint16_t* w, int64_t k0, int64_t k1, int64_t panel_size,
+                int64_t ahead, float* out) {
+  switch (rb) {
+    case 1: panel_tile<P, 1>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    case 2: panel_tile<P, 2>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    case 3: if constexpr (P == 1) panel_tile<1, 3>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    case 4: if constexpr (P == 1) panel_tile<1, 4>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    default: if constexpr (P == 1) panel_tile<1, 5>(x, K, w, k0, k1, panel_size, ahead, out); break;
+  }
+}
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N,
                      int64_t /* amx_rows: no tile unit in this build */) {
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && weight.scalar_type() == torch::kBFloat16, "bf16 tensors");
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight (N, K) contiguous");
-  const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(N == N_out, "N must equal the weight's rows");
-  TORCH_CHECK(x.size(-1) == K, "x last dim must equal in_features");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL / 2 && packed.size(3) == 2 && packed.is_contiguous(),
+              "weights packed by pack()");
+  const int64_t K = x.size(-1);
+  TORCH_CHECK(packed.size(1) == K && N <= packed.size(0) * PANEL, "x's features or N do not match the packed weight");
   auto out_shape = x.sizes().vec();
   out_shape.back() = N;
-  auto x2 = as_input(x.reshape({-1, K}));  // (rows, K)
-  const Input* xp = static_cast<const Input*>(x2.data_ptr());
+  const auto x2 = x.reshape({-1, K}).to(torch::kFloat32).contiguous();  // exact
   const int64_t rows = x2.size(0);
   auto y = torch::empty({rows, N}, x.options());
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  if (rows == 0) return y.view(out_shape);
+  torch::Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat32).contiguous();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const float* xp = x2.data_ptr<float>();
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  std::vector<float> bias_f;
-  if (bias.has_value() && bias->defined()) {
-    auto b = bias->to(torch::kFloat32).contiguous();
-    bias_f.assign(b.data_ptr<float>(), b.data_ptr<float>() + N);
-  }
-  // split output features across threads in chunks; each output element has one owner and one order
-  constexpr int64_t CHUNK = 64;
-  const int64_t chunks = (N + CHUNK - 1) / CHUNK;
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(rows * CHUNK);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t j0 = t * CHUNK, width = std::min<int64_t>(CHUNK, N - j0);
-      gemm(xp, rows, K, wp + j0 * K, width, acc.data(), CHUNK);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < width; ++c) {
-          const float b = bias_f.empty() ? 0.f : bias_f[j0 + c];
-          yp[r * N + j0 + c] = to_bf16(acc[r * CHUNK + c] + b);
-        }
+  // Rows in groups of at most 5, as even as they split (6 -> 3 + 3, 8 -> 4 + 4), so every group of a forward
+  // of several groups has 3 or more. One or two rows take two panels at a time, for more accumulator chains
+  // (one row is bound by DRAM, not by the FMA latency, even so); more rows one.
+  const int64_t groups = (rows + MAX_ROWS - 1) / MAX_ROWS, panel_size = K * PANEL, panels = packed.size(0);
+  const int64_t width = rows <= 2 ? 2 : 1;
+  // More than one group: a panel goes in chunks of CHUNK features, each read from DRAM by the first group (which
+  // prefetches 8 KB ahead) and from L1 by the others (which prefetch the chunk after next meanwhile), their sums
+  // kept in memory between chunks; so DRAM keeps streaming while the later groups compute.
+  const int64_t chunk = groups > 1 ? CHUNK : K, ahead_later = 2 * CHUNK * PANEL * 2;  // bytes: two chunks on
+  constexpr int64_t BLOCK = 2;  // panels a thread owns at a time (each output element: one owner, one order)
+  at::parallel_for(0, (panels + BLOCK - 1) / BLOCK, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(rows * 2 * PANEL);  // every group's sums for the panels in hand
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t last = std::min<int64_t>(panels, (block + 1) * BLOCK);
+      for (int64_t p = block * BLOCK; p < last;) {
+        const int64_t n = last - p >= width ? width : 1;  // a short last block: one panel at a time
+        const uint16_t* w = wp + p * panel_size;
+        for (int64_t k0 = 0; k0 < K; k0 += chunk)
+          for (int64_t g = 0, r0 = 0; g < groups; ++g) {
+            const int64_t rb = rows / groups + (g < rows % groups), ahead = g ? ahead_later : PREFETCH_BYTES;
+            const int64_t k1 = std::min(K, k0 + chunk);
+            float* part = sums.data() + r0 * n * PANEL;
+            if (n == 2) panel_rows<2>(rb, xp + r0 * K, K, w, k0, k1, panel_size, ahead, part);
+            else panel_rows<1>(rb, xp + r0 * K, K, w, k0, k1, panel_size, ahead, part);
+            r0 += rb;
+          }
+        const int64_t col0 = p * PANEL, cols = std::min<int64_t>(n * PANEL, N - col0);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)  // round to nearest even, as torch does
+            yp[r * N + col0 + c] = to_bf16(sums[r * n * PANEL + c] + (bp ? bp[col0 + c] : 0.f));
+        p += n;
+      }
     }
   });
   return y.view(out_shape);
