@@ -279,13 +279,47 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 // input row's x[k] and multiplies it into 16 columns, so a column's sum runs over k in order, one FMA after the
 // other, with no horizontal reduction. That order depends on nothing but k, so a row's result does not depend
 // on the rows beside it or on the tile shape. A weight is widened once per step for every row of a tile (up to
-// 5), so extra rows cost FMAs, not conversions or memory traffic.
+// 6), so extra rows cost FMAs, not conversions or memory traffic.
 // Session 40, 2-core Zen 3: measured against the row-major tiles this replaced (one column x 8 rows, a dot
 // product and a horizontal sum per output), see README.
 constexpr int64_t PANEL = 16;  // output columns per panel: two vectors of 8
 // Input rows of a tile over one panel. From L2 on a Zen 3 core (one thread, `panel_tile` alone): 2 rows x 2
-// panels 44 GMAC/s, 3 x 1 36, 4 x 1 46, 5 x 1 45 (2 FMAs a cycle is ~48); 6 x 1 spills accumulators (GCC): 34.
-constexpr int64_t MAX_ROWS = 5;
+// panels 44 GMAC/s, 3 x 1 36, 4 x 1 46, 5 x 1 45 (2 FMAs a cycle is ~48); 6 x 1 written with intrinsics spills
+// accumulators (GCC) and makes 34, hence `step6`.
+constexpr int64_t MAX_ROWS = 6;
+
+alignas(32) const uint32_t HIGH_HALVES[8] = {0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u,
+                                             0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u};
+
+// One feature k of a 6-row tile over one panel (wk: its 16 weights), the intrinsics' step in asm so that the 12
+// accumulators, the two widened weight vectors and one broadcast (15 of the 16 registers) stay in registers: lo
+// (columns 0-7) = v << 16, v (columns 8-15) &= the high halves, then rows 3 at a time (two asm statements: one
+// would take more than GCC's 30 operands). The same FMAs in the same order as the intrinsics.
+inline __attribute__((always_inline)) void step6(const float* x, int64_t K, const uint16_t* wk, __m256 (&acc)[2][6]) {
+  __m256 v, lo, t;
+  asm("vmovdqu (%[w]), %[v]\n\t"
+      "vpslld $16, %[v], %[lo]\n\t"
+      "vpand %[mask], %[v], %[v]"
+      : [v] "=&x"(v), [lo] "=&x"(lo)
+      : [w] "r"(wk), [mask] "m"(*reinterpret_cast<const __m256i*>(HIGH_HALVES)));
+  const int64_t stride = K * 4;  // bytes between rows
+#define SPECTOT_ROWS3(R, X)                                                                                     \
+  asm("vbroadcastss (%[x]), %[t]\n\t"                                                                          \
+      "vfmadd231ps %[t], %[lo], %[a0]\n\t"                                                                     \
+      "vfmadd231ps %[t], %[v], %[b0]\n\t"                                                                      \
+      "vbroadcastss (%[x],%[s],1), %[t]\n\t"                                                                   \
+      "vfmadd231ps %[t], %[lo], %[a1]\n\t"                                                                     \
+      "vfmadd231ps %[t], %[v], %[b1]\n\t"                                                                      \
+      "vbroadcastss (%[x],%[s],2), %[t]\n\t"                                                                   \
+      "vfmadd231ps %[t], %[lo], %[a2]\n\t"                                                                     \
+      "vfmadd231ps %[t], %[v], %[b2]"                                                                            \
+      : [a0] "+x"(acc[0][R]), [a1] "+x"(acc[0][R + 1]), [a2] "+x"(acc[0][R + 2]), [b0] "+x"(acc[1][R]),     \
+        [b1] "+x"(acc[1][R + 1]), [b2] "+x"(acc[1][R + 2]), [t] "=&x"(t)                                        \
+      : [v] "x"(v), [lo] "x"(lo), [x] "r"(X), [s] "r"(stride))
+  SPECTOT_ROWS3(0, x);
+  SPECTOT_ROWS3(3, x + 3 * K);
+#undef SPECTOT_ROWS3
+}
 constexpr int64_t CHUNK = 128;  // features of a panel chunk when rows need several groups: 4 KB of weights
 
 // (N, K) -> (ceil(N / 16), K, 8, 2): element [p, k, i, h] is W[16 p + 8 h + i, k], zero-padded
@@ -313,6 +347,10 @@ inline __attribute__((always_inline)) void panel_tile(const float* x, int64_t K,
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) acc[c][r] = k0 ? _mm256_loadu_ps(out + r * P * PANEL + c * 8) : _mm256_setzero_ps();
   auto step = [&](int64_t k) __attribute__((always_inline)) {
+    if constexpr (P == 1 && RB == 6) {
+      step6(x + k, K, w + k * PANEL, acc);
+      return;
+    }
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * panel_size + k * PANEL));
@@ -340,7 +378,7 @@ inline __attribute__((always_inline)) void panel_tile(const float* x, int64_t K,
     for (int r = 0; r < RB; ++r) _mm256_storeu_ps(out + r * P * PANEL + c * 8, acc[c][r]);
 }
 
-// One group of rb <= 5 rows over P panels (P = 2: rb <= 2).
+// One group of rb <= 6 rows over P panels (P = 2: rb <= 2).
 template <int P>
 void panel_rows(int64_t rb, const float* x, int64_t K, const uint16_t* w, int64_t k0, int64_t k1, int64_t panel_size,
                 int64_t ahead, float* out) {
@@ -349,7 +387,8 @@ void panel_rows(int64_t rb, const float* x, int64_t K, const uint16_t* w, int64_
     case 2: panel_tile<P, 2>(x, K, w, k0, k1, panel_size, ahead, out); break;
     case 3: if constexpr (P == 1) panel_tile<1, 3>(x, K, w, k0, k1, panel_size, ahead, out); break;
     case 4: if constexpr (P == 1) panel_tile<1, 4>(x, K, w, k0, k1, panel_size, ahead, out); break;
-    default: if constexpr (P == 1) panel_tile<1, 5>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    case 5: if constexpr (P == 1) panel_tile<1, 5>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    default: if constexpr (P == 1) panel_tile<1, 6>(x, K, w, k0, k1, panel_size, ahead, out); break;
   }
 }
 
@@ -372,7 +411,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   const float* xp = x2.data_ptr<float>();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  // Rows in groups of at most 5, as even as they split (6 -> 3 + 3, 8 -> 4 + 4), so every group of a forward
+  // Rows in groups of at most 6, as even as they split (7 -> 4 + 3, 8 -> 4 + 4), so every group of a forward
   // of several groups has 3 or more. One or two rows take two panels at a time, for more accumulator chains
   // (one row is bound by DRAM, not by the FMA latency, even so); more rows one.
   const int64_t groups = (rows + MAX_ROWS - 1) / MAX_ROWS, panel_size = K * PANEL, panels = packed.size(0);
