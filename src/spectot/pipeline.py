@@ -379,12 +379,12 @@ SOLVE_COST_CONTEXT = 256  # tokens before measure_solve_costs' forwards
 
 
 def measure_solve_costs(pipe: Pipeline, proposer: Proposer, context: int = SOLVE_COST_CONTEXT) -> dict:
-    """A quick t(n) at powers of two and the draft cost c on this machine (a few seconds), after
+    """A quick t(n) (``T_CURVE_ROWS``, then 64) and the draft cost c on this machine (a few seconds), after
     ``context`` tokens: where decoding runs (search prompts hold 300-500 tokens, GSM8K answers end at
     100-350). Rows cost more after a long context: t(8) = 1.20 after 384 tokens, 1.09 after 64 (Zen 5)."""
-    from spectot.spec.profile import measure_costs
+    from spectot.spec.profile import T_CURVE_ROWS, measure_costs
 
-    costs = measure_costs(pipe.runner, proposer, ns=(1, 2, 4, 8, 16, 32, 64), depths=4, prefix=context, reps=2)
+    costs = measure_costs(pipe.runner, proposer, ns=(*T_CURVE_ROWS, 64), depths=4, prefix=context, reps=2)
     return {**costs, "context": context}
 
 

@@ -25,7 +25,7 @@ from spectot.bench.records import append_record, load_records, machine_info
 from spectot.bench.trees import profile_costs
 from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline, make_proposer, size_pct_trees
-from spectot.spec.profile import measure_costs
+from spectot.spec.profile import T_CURVE_ROWS, measure_costs
 from spectot.spec.proposers.base import Proposer
 from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
 from spectot.spec.decoding import DecodeConfig
@@ -57,7 +57,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     with progress_bar() as bar:
         task = bar.add_task("bench drafts", total=len(todo) + len(methods) + 1)
         if ("cost", "t_curve") not in records:  # PCT sizes its trees by it; reported with the results
-            t_curve = measure_costs(pipe.runner, None, ns=(1, 2, 4, 8, 16, 32), prefix=64, reps=5)
+            t_curve = measure_costs(pipe.runner, None, ns=T_CURVE_ROWS, prefix=64, reps=5)
             append_record(out / "records.jsonl", config_key, ("cost", "t_curve"), t_curve, records)
         bar.advance(task)
         for name, options in methods.items():

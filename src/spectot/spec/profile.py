@@ -18,6 +18,12 @@ from spectot.spec.proposers.base import DraftRequest, Proposer
 from spectot.spec.sampling import SamplingParams
 
 
+# The forward sizes a quick t(n) samples: every n up to 8, where the kernels change tiles (spectot's AVX2 and
+# AVX512-BF16 linears take rows 6 at a time: t(6) and t(7) sit on either side of a step that powers of two and
+# linear interpolation between t(4) and t(8) miss), then powers of two and their midpoints.
+T_CURVE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
+
+
 def measure_t_curve(
     runner: ModelRunner, n_max: int, prefix: int = 128, reps: int = 5, ns: Sequence[int] | None = None
 ) -> list[dict]:

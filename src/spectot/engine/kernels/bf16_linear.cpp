@@ -294,30 +294,30 @@ alignas(32) const uint32_t HIGH_HALVES[8] = {0xffff0000u, 0xffff0000u, 0xffff000
 // One feature k of a 6-row tile over one panel (wk: its 16 weights), the intrinsics' step in asm so that the 12
 // accumulators, the two widened weight vectors and one broadcast (15 of the 16 registers) stay in registers: lo
 // (columns 0-7) = v << 16, v (columns 8-15) &= the high halves, then rows 3 at a time (two asm statements: one
-// would take more than GCC's 30 operands). The same FMAs in the same order as the intrinsics.
+// would take more than GCC's 30 operands). The same FMAs in the same order as the intrinsics; every memory
+// operand is named, so the compiler sees what the asm reads.
 inline __attribute__((always_inline)) void step6(const float* x, int64_t K, const uint16_t* wk, __m256 (&acc)[2][6]) {
   __m256 v, lo, t;
-  asm("vmovdqu (%[w]), %[v]\n\t"
+  asm("vmovdqu %[w], %[v]\n\t"
       "vpslld $16, %[v], %[lo]\n\t"
       "vpand %[mask], %[v], %[v]"
       : [v] "=&x"(v), [lo] "=&x"(lo)
-      : [w] "r"(wk), [mask] "m"(*reinterpret_cast<const __m256i*>(HIGH_HALVES)));
-  const int64_t stride = K * 4;  // bytes between rows
-#define SPECTOT_ROWS3(R, X)                                                                                     \
-  asm("vbroadcastss (%[x]), %[t]\n\t"                                                                          \
-      "vfmadd231ps %[t], %[lo], %[a0]\n\t"                                                                     \
-      "vfmadd231ps %[t], %[v], %[b0]\n\t"                                                                      \
-      "vbroadcastss (%[x],%[s],1), %[t]\n\t"                                                                   \
-      "vfmadd231ps %[t], %[lo], %[a1]\n\t"                                                                     \
-      "vfmadd231ps %[t], %[v], %[b1]\n\t"                                                                      \
-      "vbroadcastss (%[x],%[s],2), %[t]\n\t"                                                                   \
-      "vfmadd231ps %[t], %[lo], %[a2]\n\t"                                                                     \
+      : [w] "m"(*reinterpret_cast<const __m256i*>(wk)), [mask] "m"(*reinterpret_cast<const __m256i*>(HIGH_HALVES)));
+#define SPECTOT_ROWS3(R)                                                                                        \
+  asm("vbroadcastss %[x0], %[t]\n\t"                                                                             \
+      "vfmadd231ps %[t], %[lo], %[a0]\n\t"                                                                       \
+      "vfmadd231ps %[t], %[v], %[b0]\n\t"                                                                        \
+      "vbroadcastss %[x1], %[t]\n\t"                                                                             \
+      "vfmadd231ps %[t], %[lo], %[a1]\n\t"                                                                       \
+      "vfmadd231ps %[t], %[v], %[b1]\n\t"                                                                        \
+      "vbroadcastss %[x2], %[t]\n\t"                                                                             \
+      "vfmadd231ps %[t], %[lo], %[a2]\n\t"                                                                       \
       "vfmadd231ps %[t], %[v], %[b2]"                                                                            \
-      : [a0] "+x"(acc[0][R]), [a1] "+x"(acc[0][R + 1]), [a2] "+x"(acc[0][R + 2]), [b0] "+x"(acc[1][R]),     \
-        [b1] "+x"(acc[1][R + 1]), [b2] "+x"(acc[1][R + 2]), [t] "=&x"(t)                                        \
-      : [v] "x"(v), [lo] "x"(lo), [x] "r"(X), [s] "r"(stride))
-  SPECTOT_ROWS3(0, x);
-  SPECTOT_ROWS3(3, x + 3 * K);
+      : [a0] "+x"(acc[0][R]), [a1] "+x"(acc[0][R + 1]), [a2] "+x"(acc[0][R + 2]), [b0] "+x"(acc[1][R]),         \
+        [b1] "+x"(acc[1][R + 1]), [b2] "+x"(acc[1][R + 2]), [t] "=&x"(t)                                         \
+      : [v] "x"(v), [lo] "x"(lo), [x0] "m"(x[R * K]), [x1] "m"(x[(R + 1) * K]), [x2] "m"(x[(R + 2) * K]))
+  SPECTOT_ROWS3(0);
+  SPECTOT_ROWS3(3);
 #undef SPECTOT_ROWS3
 }
 constexpr int64_t CHUNK = 128;  // features of a panel chunk when rows need several groups: 4 KB of weights
