@@ -287,6 +287,7 @@ constexpr int64_t PANEL = 16;  // output columns per panel: two vectors of 8
 // panels 44 GMAC/s, 3 x 1 36, 4 x 1 46, 5 x 1 45 (2 FMAs a cycle is ~48); 6 x 1 written with intrinsics spills
 // accumulators (GCC) and makes 34, hence `step6`.
 constexpr int64_t MAX_ROWS = 6;
+constexpr int64_t CHUNK = 128;  // features of a panel chunk when rows need several groups: 4 KB of weights
 
 alignas(32) const uint32_t HIGH_HALVES[8] = {0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u,
                                              0xffff0000u, 0xffff0000u, 0xffff0000u, 0xffff0000u};
@@ -320,7 +321,6 @@ inline __attribute__((always_inline)) void step6(const float* x, int64_t K, cons
   SPECTOT_ROWS3(3);
 #undef SPECTOT_ROWS3
 }
-constexpr int64_t CHUNK = 128;  // features of a panel chunk when rows need several groups: 4 KB of weights
 
 // (N, K) -> (ceil(N / 16), K, 8, 2): element [p, k, i, h] is W[16 p + 8 h + i, k], zero-padded
 torch::Tensor pack(const torch::Tensor& weight) {
