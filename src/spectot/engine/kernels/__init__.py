@@ -1,8 +1,9 @@
 """Native kernels, compiled on first use with torch's extension builder and cached.
 
-``bf16_linear`` (``bf16_linear.cpp``): a batch-invariant bf16 matmul for x86 CPUs without AMX: AVX2 +
-FMA (where the library kernel's cost grows with every input row), built with AVX512-BF16 where the CPU
-has it (native bf16 pairs over weights packed once, no conversions, no horizontal sums).
+``bf16_linear`` (``bf16_linear.cpp``): a batch-invariant bf16 matmul over weights packed once into panels
+whose vector lanes are output columns (no horizontal sums): AVX2 + FMA (where the library kernel's cost grows
+with every input row; a shift and an AND widen 16 weights), built with AVX512-BF16 where the CPU has it
+(native bf16 pairs, no conversions) and with AMX tiles where it has those.
 
 ``tree_attention`` (``tree_attention.cpp``): batch-invariant attention of query rows over CSR lists
 of KV-cache slots (bf16 or fp32, GQA): a row's output depends only on its query and the K/V rows at
