@@ -336,11 +336,11 @@ torch::Tensor pack(const torch::Tensor& weight) {
 // out[r * 16 P + c] start from zero (k0 == 0) or from what out holds (an earlier chunk's; storing and reloading
 // a fp32 sum is exact, so the order stays k's however the features are chunked). Each panel is one stream of
 // 32 bytes a feature; a step takes two features, one 64-byte line of every panel, and prefetches the line
-// `ahead` bytes further on.
+// PREFETCH_BYTES further on.
 template <int P, int RB>
 inline __attribute__((always_inline)) void panel_tile(const float* x, int64_t K, const uint16_t* w, int64_t k0,
-                                                      int64_t k1, int64_t panel_size, int64_t ahead, float* out) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+                                                      int64_t k1, int64_t panel_size, float* out) {
+  const __m256i high = _mm256_load_si256(reinterpret_cast<const __m256i*>(HIGH_HALVES));
   __m256 acc[2 * P][RB];
 #pragma GCC unroll 8
   for (int c = 0; c < 2 * P; ++c)
@@ -366,8 +366,7 @@ inline __attribute__((always_inline)) void panel_tile(const float* x, int64_t K,
   int64_t k = k0;
   for (; k + 2 <= k1; k += 2) {
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p)
-      __builtin_prefetch(reinterpret_cast<const char*>(w + p * panel_size + k * PANEL) + ahead, 0 /* read */, 3 /* T0 */);
+    for (int p = 0; p < P; ++p) prefetch_ahead(w + p * panel_size + k * PANEL);
     step(k);
     step(k + 1);
   }
@@ -381,14 +380,14 @@ inline __attribute__((always_inline)) void panel_tile(const float* x, int64_t K,
 // One group of rb <= 6 rows over P panels (P = 2: rb <= 2).
 template <int P>
 void panel_rows(int64_t rb, const float* x, int64_t K, const uint16_t* w, int64_t k0, int64_t k1, int64_t panel_size,
-                int64_t ahead, float* out) {
+                float* out) {
   switch (rb) {
-    case 1: panel_tile<P, 1>(x, K, w, k0, k1, panel_size, ahead, out); break;
-    case 2: panel_tile<P, 2>(x, K, w, k0, k1, panel_size, ahead, out); break;
-    case 3: if constexpr (P == 1) panel_tile<1, 3>(x, K, w, k0, k1, panel_size, ahead, out); break;
-    case 4: if constexpr (P == 1) panel_tile<1, 4>(x, K, w, k0, k1, panel_size, ahead, out); break;
-    case 5: if constexpr (P == 1) panel_tile<1, 5>(x, K, w, k0, k1, panel_size, ahead, out); break;
-    default: if constexpr (P == 1) panel_tile<1, 6>(x, K, w, k0, k1, panel_size, ahead, out); break;
+    case 1: panel_tile<P, 1>(x, K, w, k0, k1, panel_size, out); break;
+    case 2: panel_tile<P, 2>(x, K, w, k0, k1, panel_size, out); break;
+    case 3: if constexpr (P == 1) panel_tile<1, 3>(x, K, w, k0, k1, panel_size, out); break;
+    case 4: if constexpr (P == 1) panel_tile<1, 4>(x, K, w, k0, k1, panel_size, out); break;
+    case 5: if constexpr (P == 1) panel_tile<1, 5>(x, K, w, k0, k1, panel_size, out); break;
+    default: if constexpr (P == 1) panel_tile<1, 6>(x, K, w, k0, k1, panel_size, out); break;
   }
 }
 
@@ -416,10 +415,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   // (one row is bound by DRAM, not by the FMA latency, even so); more rows one.
   const int64_t groups = (rows + MAX_ROWS - 1) / MAX_ROWS, panel_size = K * PANEL, panels = packed.size(0);
   const int64_t width = rows <= 2 ? 2 : 1;
-  // More than one group: a panel goes in chunks of CHUNK features, each read from DRAM by the first group (which
-  // prefetches 8 KB ahead) and from L1 by the others (which prefetch the chunk after next meanwhile), their sums
-  // kept in memory between chunks; so DRAM keeps streaming while the later groups compute.
-  const int64_t chunk = groups > 1 ? CHUNK : K, ahead_later = 2 * CHUNK * PANEL * 2;  // bytes: two chunks on
+  // More than one group: a panel goes in chunks of CHUNK features, each read from DRAM by the first group and
+  // from L1 by the others, their sums kept in memory between chunks; every group prefetches 8 KB (two chunks)
+  // ahead, so DRAM keeps streaming while the later groups compute.
+  const int64_t chunk = groups > 1 ? CHUNK : K;
   constexpr int64_t BLOCK = 2;  // panels a thread owns at a time (each output element: one owner, one order)
   at::parallel_for(0, (panels + BLOCK - 1) / BLOCK, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(rows * 2 * PANEL);  // every group's sums for the panels in hand
@@ -430,11 +429,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
         const uint16_t* w = wp + p * panel_size;
         for (int64_t k0 = 0; k0 < K; k0 += chunk)
           for (int64_t g = 0, r0 = 0; g < groups; ++g) {
-            const int64_t rb = rows / groups + (g < rows % groups), ahead = g ? ahead_later : PREFETCH_BYTES;
+            const int64_t rb = rows / groups + (g < rows % groups);
             const int64_t k1 = std::min(K, k0 + chunk);
             float* part = sums.data() + r0 * n * PANEL;
-            if (n == 2) panel_rows<2>(rb, xp + r0 * K, K, w, k0, k1, panel_size, ahead, part);
-            else panel_rows<1>(rb, xp + r0 * K, K, w, k0, k1, panel_size, ahead, part);
+            if (n == 2) panel_rows<2>(rb, xp + r0 * K, K, w, k0, k1, panel_size, part);
+            else panel_rows<1>(rb, xp + r0 * K, K, w, k0, k1, panel_size, part);
             r0 += rb;
           }
         const int64_t col0 = p * PANEL, cols = std::min<int64_t>(n * PANEL, N - col0);
