@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spectot.engine.kernels import bf16_linear, tree_attention
-from spectot.engine.runner import ModelRunner, SpectotMatmul, StreamTree, pick_linear
+from spectot.engine.runner import ContextOverflowError, ModelRunner, SpectotMatmul, StreamTree, pick_linear
 from spectot.engine.token_tree import TokenTree
 from spectot.spec.decoding import DecodeConfig, Decoder
 from spectot.spec.proposers.ngram import NgramProposer
@@ -182,6 +182,54 @@ def test_forward_kept_equals_forward_then_commit_all(tiny_model, exact: bool) ->
     assert torch.equal(
         runner.cache.buffer[:, runner.cache.slots(sid)], runner.cache.buffer[:, runner.cache.slots(alone)]
     )
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("first_rows", [1, 4])  # the pending token alone; three catch-up entries before it
+def test_draft_chain_equals_forward_then_forward_kept_steps(tiny_model, exact: bool, first_rows: int) -> None:
+    """A greedy chain draft in one native call: the chain forward of its input rows, then one-row steps of each
+    top-ranked head row's token. The same head rows, probabilities (softmax, topk: bit for bit) and cache as the
+    Python steps, with a head over a token subset (``vocab``: head row -> token id, as a draft decoder's)."""
+    model = tiny_model.__wrapped__("llama", 1).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(first_rows)
+    vocab = torch.tensor([3, 17, 5, 40, 2, 29, 11, 8, 60, 33, 1, 47])  # head row i is token vocab[i]
+    with torch.no_grad():
+        model.lm_head = torch.nn.Linear(model.config.hidden_size, vocab.numel(), bias=False, dtype=torch.bfloat16)
+        model.lm_head.weight.copy_(torch.randn(vocab.numel(), model.config.hidden_size, generator=gen))
+    runner = ModelRunner(model, kernels="spectot", exact_attention=exact)
+    if runner._stack is None:
+        pytest.skip("the native layer loop did not build here")
+    sid = runner.new_stream()
+    runner.forward([StreamTree(sid, TokenTree.chain([5, 9, 2, 31, 7]))])
+    runner.commit_all()
+    x = torch.randn(first_rows, model.config.hidden_size, generator=gen).bfloat16()  # e.g. EDD's input vectors
+    depths = 6
+    results = []
+    for native in (True, False):
+        stream = runner.new_stream(sid)
+        if native:
+            heads, probs = runner.draft_chain(stream, x, depths, vocab)
+        else:
+            tree = TokenTree.chain(torch.zeros(first_rows, dtype=torch.int64))
+            logits = runner.forward([StreamTree(stream, tree, x)], logit_rows=[[first_rows - 1]]).logits[0]
+            runner.commit_all()
+            heads, probs = [], []
+            for depth in range(depths):
+                p, i = logits.softmax(-1).topk(1, dim=-1)
+                heads.append(int(i))
+                probs.append(float(p))
+                if depth + 1 < depths:
+                    logits = runner.forward_kept(stream, int(vocab[i]))
+        kv = runner.cache.buffer[:, runner.cache.slots(stream)].clone()
+        results.append((heads, probs, kv))
+        runner.release(stream)
+    assert results[0][:2] == results[1][:2]
+    assert torch.equal(results[0][2], results[1][2])
+    assert len(set(results[0][0])) > 1  # the chain moved through several tokens
+    before = runner.cache.used
+    with pytest.raises(ContextOverflowError):  # past the context: refused, no slot left reserved
+        runner.draft_chain(sid, x, runner.max_context, vocab)
+    assert runner.cache.used == before
 
 
 def test_bf16_greedy_sd_equals_ar(tiny_model) -> None:

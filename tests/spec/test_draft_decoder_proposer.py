@@ -291,6 +291,47 @@ def test_bf16_drafts_on_spectots_kernels_decode_as_ar(tiny_model, kind: str) -> 
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
 
 
+@pytest.mark.parametrize("kind", ["edd+copy", "vdm"])
+def test_native_chain_drafts_what_the_depth_loop_drafts(tiny_model, kind: str) -> None:
+    """A greedy chain goes to ``runner.draft_chain`` in one call: over whole generations every draft (tokens
+    and draft probabilities) must be the one the depth-by-depth loop makes, which runs where the native loop
+    is not built (``draft_chain`` returns None)."""
+    model = tiny_model.__wrapped__("llama", 0, num_hidden_layers=3).to(torch.bfloat16)
+    draft = make_draft(model, kind, HEAD_IDS).to(torch.bfloat16)
+    if ModelRunner(draft.model, kernels="spectot")._stack is None:
+        pytest.skip("the native layer loop did not build here")
+
+    results = []
+    for native in (True, False):
+        prop = DraftDecoderProposer(draft, ModelRunner(draft.model, kernels="spectot"), POLICIES["chain"])
+        results.append(_record_chain_drafts(prop, model, native))
+    (native_drafts, native_calls), (loop_drafts, _) = results
+    assert native_drafts == loop_drafts and len(native_drafts) > 10
+    assert native_calls > len(native_drafts) // 2  # the steps that drafted at all asked for it
+
+
+def _record_chain_drafts(prop: DraftDecoderProposer, model: torch.nn.Module, native: bool) -> tuple[list, int]:
+    """Every draft ``prop`` makes over greedy SD of each prompt alone (the native chain drafts for one stream), and
+    how often it asked the runner for the native chain (which, with ``native`` False, declines as an unbuilt one)."""
+    chain, propose = prop.runner.draft_chain, prop.propose
+    calls, made = [], []
+
+    def draft_chain(*args: object) -> tuple[list[int], list[float]] | None:
+        calls.append(1)
+        return chain(*args) if native else None
+
+    def recording(*args: object) -> list:
+        out = propose(*args)
+        made.extend((d.tokens.tolist(), d.confidence.tolist()) for d in out)
+        return out
+
+    prop.runner.draft_chain, prop.propose = draft_chain, recording
+    decoder = Decoder(ModelRunner(model, kernels="spectot"), proposer=prop)
+    for prompt in PROMPTS + REPEATING:
+        decoder.generate([prompt], DecodeConfig(method="sd", max_new_tokens=MAX_NEW, num_draft_tokens=5))
+    return made, len(calls)
+
+
 def test_sampled_decoding_with_the_lookup_branch_keeps_the_target_joint(dist_target) -> None:
     """T = 1, the draft's top-token chain plus the grafted branch (both deterministic): the joint of
     (x1, x2, x3) over 1800 seeded draws against the exact joint, as for the sampled trees below."""

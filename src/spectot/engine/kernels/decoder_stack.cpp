@@ -103,9 +103,67 @@ class DecoderStack {
     return {x, hidden};
   }
 
+  // The model's ends, for `chain`: the token embedding table, the final norm and the head (a packed weight).
+  void set_ends(torch::Tensor embed, torch::Tensor norm, double eps, torch::Tensor head,
+                c10::optional<torch::Tensor> head_bias, int64_t head_out) {
+    ends_ = Ends{embed, norm, eps, {head, head_bias, head_out}};
+  }
+
+  // A greedy chain draft (runner.py ``draft_chain``): the chain forward of x's rows (input vectors at positions
+  // first.., slots start..; first = path's length), then depths - 1 one-row forwards, each of the token the
+  // last row's softmax ranks first; every row's key and value stay in its slot. The same ops as the runner's
+  // Python steps (``forward`` then ``forward_kept``, softmax, topk) on the same inputs, so the same bits.
+  // vocab (head rows,) int64: the token id of each head row (a draft decoder's head covers a subset). Returns
+  // [head indices (depths,) int64, their probabilities (depths,) fp32].
+  std::vector<torch::Tensor> chain(torch::Tensor x, int64_t depths, const torch::Tensor& cos_table,
+                                   const torch::Tensor& sin_table, const torch::Tensor& buffer, int64_t start,
+                                   const torch::Tensor& path, const torch::Tensor& vocab, int64_t amx_rows,
+                                   bool batch_invariant) const {
+    TORCH_CHECK(ends_.has_value(), "set_ends() before chain()");
+    TORCH_CHECK(depths >= 1 && x.dim() == 2 && x.size(0) >= 1, "a chain needs input rows and one depth or more");
+    const Ends& ends = *ends_;
+    const int64_t n = x.size(0), first = path.size(0), rows = n + depths - 1;
+    TORCH_CHECK(first + rows <= cos_table.size(0), "the rotary table does not reach the chain's last position");
+    // the slots every row may read, in path order: the stream's, then the chain's own
+    const torch::Tensor slots =
+        torch::cat({path.to(torch::kInt64), torch::arange(start, start + rows, path.options().dtype(torch::kInt64))});
+    // the first forward's rows: row i reads the path and the chain's first i + 1 slots (tree_attention's CSR)
+    std::vector<int64_t> offsets(n + 1, 0);
+    for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + first + i + 1;
+    torch::Tensor columns = torch::empty({offsets[n]}, slots.options());
+    for (int64_t i = 0; i < n; ++i) columns.narrow(0, offsets[i], first + i + 1).copy_(slots.narrow(0, 0, first + i + 1));
+    torch::Tensor row_ptr = torch::from_blob(offsets.data(), {n + 1}, torch::kInt64).clone();
+    auto indices = torch::empty({depths}, torch::kInt64);
+    auto probs = torch::empty({depths}, torch::kFloat32);
+    int64_t position = first, slot = start;
+    for (int64_t d = 0; d < depths; ++d) {
+      const int64_t m = x.size(0);
+      const torch::Tensor last = forward(x, cos_table.narrow(0, position, m), sin_table.narrow(0, position, m), buffer,
+                                         slot, columns, row_ptr, amx_rows, batch_invariant || m > 1, 0)[0];
+      const torch::Tensor h = layer_ops::rms_norm(last.narrow(0, m - 1, 1).contiguous(), ends.norm, ends.eps);
+      const auto top = ends.head(h, amx_rows).to(torch::kFloat32).softmax(-1).topk(1, -1);
+      const int64_t index = std::get<1>(top).item<int64_t>();
+      indices[d] = index;
+      probs[d] = std::get<0>(top).item<float>();
+      position += m;
+      slot += m;
+      if (d + 1 == depths) break;
+      x = ends.embed.index_select(0, vocab.narrow(0, index, 1));
+      columns = slots.narrow(0, 0, position + 1);
+      row_ptr = torch::tensor({int64_t{0}, position + 1}, torch::kInt64);
+    }
+    return {indices, probs};
+  }
+
  private:
+  struct Ends {
+    torch::Tensor embed, norm;
+    double eps;
+    Projection head;
+  };
   int64_t q_heads_, kv_heads_;
   std::vector<Layer> layers_;
+  c10::optional<Ends> ends_;
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -114,5 +172,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &DecoderStack::add_layer)
       .def("forward", &DecoderStack::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("buffer"),
            py::arg("start"), py::arg("columns"), py::arg("row_ptr"), py::arg("amx_rows"), py::arg("tiles"),
-           py::arg("hidden_after"));
+           py::arg("hidden_after"))
+      .def("set_ends", &DecoderStack::set_ends)
+      .def("chain", &DecoderStack::chain, py::arg("x"), py::arg("depths"), py::arg("cos_table"), py::arg("sin_table"),
+           py::arg("buffer"), py::arg("start"), py::arg("path"), py::arg("vocab"), py::arg("amx_rows"),
+           py::arg("batch_invariant"));
 }

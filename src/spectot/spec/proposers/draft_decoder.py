@@ -125,6 +125,8 @@ class DraftDecoderProposer:
                 self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[: fork.length]
             # block nodes a propose that raised left in the draft's cache are scratch: drop them
             self.runner.truncate(self._streams[r.key], self._committed[r.key].numel())
+        if len(active) == 1 and self._native_chain(active[0], blocks[active[0].key], policies[active[0].key], mode):
+            active = []  # drafted
         kept: dict[int, list[int]] = {r.key: [] for r in active}  # block nodes in the draft cache (a root path)
         depth = 1
         while active:
@@ -170,6 +172,33 @@ class DraftDecoderProposer:
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
+    def _native_chain(self, r: DraftRequest, block: _Block, policy: TreePolicy, mode: ChildSampling) -> bool:
+        """Draft a chain of top-ranked tokens in one native call (``runner.draft_chain``): the loop below, depth by
+        depth, for a stream whose tree is a chain and whose children are the draft's top tokens with no coupled
+        guess. The same forwards on the same inputs, so the same chain; False where this does not apply."""
+        if mode != "top" or (self.coupled and r.noise is not None) or not _is_chain(policy):
+            return False
+        tokens, embeds = self._catch_up(r)
+        if embeds is None:  # VDM: the new tokens' and the pending token's embeddings
+            embeds = self._embedding[torch.cat([tokens, torch.tensor(block.tokens)])]
+        depths = min(r.k, policy.max_depth, self._room(r))
+        stream = self._streams[r.key]
+        drafted = self.runner.draft_chain(stream, embeds, depths, self._head_ids)
+        if drafted is None:
+            return False
+        self._committed[r.key] = r.tokens[:-1]
+        self.runner.truncate(stream, self._committed[r.key].numel())  # the pending token and the chain: scratch
+        self.forwards += depths
+        for head_row, prob in zip(*drafted):
+            parent = len(block.tokens) - 1
+            block.tokens.append(int(self._head_ids[head_row]))
+            block.parents.append(parent)
+            block.prob.append(prob)
+            block.conf.append(block.conf[parent] * prob)
+            block.q.append(None)
+        block.frontier = [len(block.tokens) - 1]
+        return True
+
     def _forward_depth(
         self,
         active: list[DraftRequest],
@@ -352,6 +381,11 @@ class DraftDecoderProposer:
         """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
         if key in self._streams:
             self.prefixes.keep(self._streams.pop(key), self._committed.pop(key).tolist())
+
+
+def _is_chain(policy: TreePolicy) -> bool:
+    """Whether the policy grows one child of the one frontier node at every depth and keeps every node."""
+    return isinstance(policy, StaticPolicy) and policy.shape == tuple(range(-1, len(policy.shape) - 1))
 
 
 @cache  # a static policy only reads its shape: one per chain length serves every step
