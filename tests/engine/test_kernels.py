@@ -208,7 +208,8 @@ def test_draft_chain_equals_forward_then_forward_kept_steps(tiny_model, exact: b
     for native in (True, False):
         stream = runner.new_stream(sid)
         if native:
-            heads, probs = runner.draft_chain(stream, x, depths, vocab)
+            probs, heads = runner.draft_chain(stream, x, depths, vocab, k=1)
+            probs, heads = probs[:, 0].tolist(), heads[:, 0].tolist()
         else:
             tree = TokenTree.chain(torch.zeros(first_rows, dtype=torch.int64))
             logits = runner.forward([StreamTree(stream, tree, x)], logit_rows=[[first_rows - 1]]).logits[0]

@@ -291,11 +291,13 @@ def test_bf16_drafts_on_spectots_kernels_decode_as_ar(tiny_model, kind: str) -> 
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
 
 
+@pytest.mark.parametrize("policy", ["chain", "pct", "k_config", "eagle2"])
 @pytest.mark.parametrize("kind", ["edd+copy", "vdm"])
-def test_native_chain_drafts_what_the_depth_loop_drafts(tiny_model, kind: str) -> None:
-    """A greedy chain goes to ``runner.draft_chain`` in one call: over whole generations every draft (tokens
-    and draft probabilities) must be the one the depth-by-depth loop makes, which runs where the native loop
-    is not built (``draft_chain`` returns None)."""
+def test_native_drafts_are_the_depth_loops(tiny_model, kind: str, policy: str) -> None:
+    """One greedy stream drafts in native calls: a chain in one (``runner.draft_chain``), a tree in one for depth
+    1 and one a depth after it (``runner.draft_rows``, every node run once over its ancestors' scratch entries).
+    Over whole generations every draft (tokens and draft probabilities) must be the one the depth-by-depth loop
+    makes, which runs where the native loop is not built (``draft_chain`` returns None)."""
     model = tiny_model.__wrapped__("llama", 0, num_hidden_layers=3).to(torch.bfloat16)
     draft = make_draft(model, kind, HEAD_IDS).to(torch.bfloat16)
     if ModelRunner(draft.model, kernels="spectot")._stack is None:
@@ -303,16 +305,17 @@ def test_native_chain_drafts_what_the_depth_loop_drafts(tiny_model, kind: str) -
 
     results = []
     for native in (True, False):
-        prop = DraftDecoderProposer(draft, ModelRunner(draft.model, kernels="spectot"), POLICIES["chain"])
-        results.append(_record_chain_drafts(prop, model, native))
+        tree = TREES[policy] if policy == "pct" else POLICIES[policy]
+        prop = DraftDecoderProposer(draft, ModelRunner(draft.model, kernels="spectot"), tree)
+        results.append(_record_drafts(prop, model, native))
     (native_drafts, native_calls), (loop_drafts, _) = results
     assert native_drafts == loop_drafts and len(native_drafts) > 10
     assert native_calls > len(native_drafts) // 2  # the steps that drafted at all asked for it
 
 
-def _record_chain_drafts(prop: DraftDecoderProposer, model: torch.nn.Module, native: bool) -> tuple[list, int]:
-    """Every draft ``prop`` makes over greedy SD of each prompt alone (the native chain drafts for one stream), and
-    how often it asked the runner for the native chain (which, with ``native`` False, declines as an unbuilt one)."""
+def _record_drafts(prop: DraftDecoderProposer, model: torch.nn.Module, native: bool) -> tuple[list, int]:
+    """Every draft ``prop`` makes over greedy SD of each prompt alone (the native calls draft for one stream), and
+    how often it asked the runner for them (which, with ``native`` False, declines as an unbuilt one)."""
     chain, propose = prop.runner.draft_chain, prop.propose
     calls, made = [], []
 

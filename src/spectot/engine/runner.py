@@ -560,13 +560,14 @@ class ModelRunner:
         return logits
 
     def draft_chain(
-        self, stream: int, x: torch.Tensor, depths: int, vocab: torch.Tensor
-    ) -> tuple[list[int], list[float]] | None:
+        self, stream: int, x: torch.Tensor, depths: int, vocab: torch.Tensor, k: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A greedy chain draft in one native call: the chain ``forward`` of x's rows (input vectors, appended
         to ``stream``), then ``depths`` - 1 ``forward_kept`` steps, each of the head row the last row's softmax
-        ranks first (``vocab``: the token id of each head row). Returns each depth's head row and its
-        probability; every row stays in the stream. The same ops on the same inputs as those Python steps, so
-        the same bits, without their ~0.3 ms of host work a depth. None where the native loop is not built."""
+        ranks first (``vocab``: the token id of each head row). Returns the top ``k`` of each depth's softmax,
+        (probabilities, head rows), each (depths, k); every row stays in the stream. The same ops on the same
+        inputs as those Python steps, so the same bits, without their ~0.3 ms of host work a depth. None where
+        the native loop is not built."""
         if self._stack is None or not self._rope_cached:
             return None
         if self._pending is not None:
@@ -577,17 +578,65 @@ class ModelRunner:
         try:
             with torch.inference_mode():
                 x = x.to(self._embed.weight)
-                self._rope(x, slice(first, first + rows), first + rows)  # grows the table to the last position
-                cos, sin = self._rope_table
-                heads, probs = self._stack.chain(
-                    x, depths, cos, sin, self.cache.buffer, start, self.cache.slots(stream), vocab,
+                cos, sin = self._rope_tables(x, first + rows)
+                probs, heads = self._stack.chain(
+                    x, depths, k, cos, sin, self.cache.buffer, start, self.cache.slots(stream), vocab,
                     self._linear.amx_rows, self._batch_invariant,
                 )  # fmt: skip
         except BaseException:
             self.cache.drop_tail(start)  # the reserved slots, held by none
             raise
         self.cache.hold_range(stream, start, rows)
-        return heads.tolist(), probs.tolist()
+        return probs, heads
+
+    def draft_rows(
+        self,
+        stream: int,
+        scratch: int,
+        tokens: torch.Tensor,
+        depths: Sequence[int],
+        above: Sequence[Sequence[int]],
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Nodes of a draft tree below ``stream``'s last token in one native call, their keys and values kept in
+        ``scratch`` (a stream used as a list of slots: a compaction of the cache moves them with it): node r
+        (token ``tokens[r]``, ``depths[r]`` below the stream's last token) becomes a new entry of ``scratch`` and
+        attends to the stream's slots, then the ``scratch`` entries ``above[r]`` (its ancestors', root first),
+        then its own. Returns the top ``k`` of each node's softmax, (probabilities, head rows), each (R, k):
+        what a tree ``forward`` of those nodes gives (the same columns in the same order), without its tree,
+        commit and cut. None where the native loop is not built."""
+        if self._stack is None or not self._rope_cached:
+            return None
+        if self._pending is not None:
+            raise RuntimeError("commit() the previous forward before running the next one")
+        n = tokens.numel()
+        base = self.cache.length(stream) - 1  # the position of the stream's last token
+        self._context_end(stream, max(depths))
+        start = self.cache.reserve(n)
+        held = self.cache.slots(scratch).tolist()  # after the reserve, which may have moved them
+        tails, tail_ptr = [], [0]
+        for r, ancestors in enumerate(above):
+            tails += [held[i] for i in ancestors] + [start + r]
+            tail_ptr.append(len(tails))
+        try:
+            with torch.inference_mode():
+                x = self._embed.weight.index_select(0, tokens.to(self.device))
+                cos, sin = self._rope_tables(x, base + max(depths) + 1)
+                probs, heads = self._stack.rows(
+                    x, torch.tensor([base + d for d in depths]), k, cos, sin, self.cache.buffer, start,
+                    self.cache.slots(stream), torch.tensor(tails), torch.tensor(tail_ptr), self._linear.amx_rows,
+                    self._batch_invariant,
+                )  # fmt: skip
+        except BaseException:
+            self.cache.drop_tail(start)
+            raise
+        self.cache.hold_range(scratch, start, n)
+        return probs, heads
+
+    def _rope_tables(self, x: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cos and sin tables, grown to hold positions 0 .. need - 1."""
+        self._rope(x, slice(need - 1, need), need)
+        return self._rope_table
 
     def _row_logits(self, stream: int, token: torch.Tensor, embeds: torch.Tensor | None) -> tuple[torch.Tensor, int]:
         """One row on the native loop: its float logits and the tail slot it was written to (held by none yet)."""

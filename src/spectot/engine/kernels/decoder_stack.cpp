@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -114,14 +115,12 @@ class DecoderStack {
   // last row's softmax ranks first; every row's key and value stay in its slot. The same ops as the runner's
   // Python steps (``forward`` then ``forward_kept``, softmax, topk) on the same inputs, so the same bits.
   // vocab (head rows,) int64: the token id of each head row (a draft decoder's head covers a subset). Returns
-  // [head indices (depths,) int64, their probabilities (depths,) fp32].
-  std::vector<torch::Tensor> chain(torch::Tensor x, int64_t depths, const torch::Tensor& cos_table,
+  // the top k of each depth's softmax: [probabilities (depths, k) fp32, head rows (depths, k) int64].
+  std::vector<torch::Tensor> chain(torch::Tensor x, int64_t depths, int64_t k, const torch::Tensor& cos_table,
                                    const torch::Tensor& sin_table, const torch::Tensor& buffer, int64_t start,
                                    const torch::Tensor& path, const torch::Tensor& vocab, int64_t amx_rows,
                                    bool batch_invariant) const {
-    TORCH_CHECK(ends_.has_value(), "set_ends() before chain()");
     TORCH_CHECK(depths >= 1 && x.dim() == 2 && x.size(0) >= 1, "a chain needs input rows and one depth or more");
-    const Ends& ends = *ends_;
     const int64_t n = x.size(0), first = path.size(0), rows = n + depths - 1;
     TORCH_CHECK(first + rows <= cos_table.size(0), "the rotary table does not reach the chain's last position");
     // the slots every row may read, in path order: the stream's, then the chain's own
@@ -133,29 +132,63 @@ class DecoderStack {
     torch::Tensor columns = torch::empty({offsets[n]}, slots.options());
     for (int64_t i = 0; i < n; ++i) columns.narrow(0, offsets[i], first + i + 1).copy_(slots.narrow(0, 0, first + i + 1));
     torch::Tensor row_ptr = torch::from_blob(offsets.data(), {n + 1}, torch::kInt64).clone();
-    auto indices = torch::empty({depths}, torch::kInt64);
-    auto probs = torch::empty({depths}, torch::kFloat32);
+    auto probs = torch::empty({depths, k}, torch::kFloat32);
+    auto indices = torch::empty({depths, k}, torch::kInt64);
     int64_t position = first, slot = start;
     for (int64_t d = 0; d < depths; ++d) {
       const int64_t m = x.size(0);
       const torch::Tensor last = forward(x, cos_table.narrow(0, position, m), sin_table.narrow(0, position, m), buffer,
                                          slot, columns, row_ptr, amx_rows, batch_invariant || m > 1, 0)[0];
-      const torch::Tensor h = layer_ops::rms_norm(last.narrow(0, m - 1, 1).contiguous(), ends.norm, ends.eps);
-      const auto top = ends.head(h, amx_rows).to(torch::kFloat32).softmax(-1).topk(1, -1);
-      const int64_t index = std::get<1>(top).item<int64_t>();
-      indices[d] = index;
-      probs[d] = std::get<0>(top).item<float>();
+      const auto top = head_top(last.narrow(0, m - 1, 1), k, amx_rows);
+      probs[d] = std::get<0>(top)[0];
+      indices[d] = std::get<1>(top)[0];
       position += m;
       slot += m;
       if (d + 1 == depths) break;
-      x = ends.embed.index_select(0, vocab.narrow(0, index, 1));
+      x = ends_->embed.index_select(0, vocab.index_select(0, std::get<1>(top)[0].narrow(0, 0, 1)));
       columns = slots.narrow(0, 0, position + 1);
       row_ptr = torch::tensor({int64_t{0}, position + 1}, torch::kInt64);
     }
-    return {indices, probs};
+    return {probs, indices};
+  }
+
+  // Rows of draft-tree nodes (runner.py ``draft_rows``): row r, input vector x[r] at position positions[r], writes
+  // slot start + r and reads the path's slots, then tails[tail_ptr[r] : tail_ptr[r + 1]] (its ancestors' slots,
+  // root first, then its own). Returns the top k of each row's softmax: [probabilities (R, k), head rows (R, k)].
+  std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& positions, int64_t k,
+                                  const torch::Tensor& cos_table, const torch::Tensor& sin_table,
+                                  const torch::Tensor& buffer, int64_t start, const torch::Tensor& path,
+                                  const torch::Tensor& tails, const torch::Tensor& tail_ptr, int64_t amx_rows,
+                                  bool batch_invariant) const {
+    const int64_t n = x.size(0), first = path.size(0);
+    TORCH_CHECK(n >= 1 && positions.size(0) == n && tail_ptr.size(0) == n + 1, "one position and tail per row");
+    const int64_t* tp = tail_ptr.data_ptr<int64_t>();
+    const int64_t* tail = tails.data_ptr<int64_t>();
+    const int64_t* old = path.data_ptr<int64_t>();
+    std::vector<int64_t> offsets(n + 1, 0), columns;
+    columns.reserve(n * first + tails.size(0));
+    for (int64_t r = 0; r < n; ++r) {
+      columns.insert(columns.end(), old, old + first);
+      columns.insert(columns.end(), tail + tp[r], tail + tp[r + 1]);
+      offsets[r + 1] = static_cast<int64_t>(columns.size());
+    }
+    const auto cols = torch::from_blob(columns.data(), {offsets[n]}, torch::kInt64);
+    const auto row_ptr = torch::from_blob(offsets.data(), {n + 1}, torch::kInt64);
+    const torch::Tensor last = forward(x, cos_table.index_select(0, positions), sin_table.index_select(0, positions),
+                                       buffer, start, cols, row_ptr, amx_rows, batch_invariant || n > 1, 0)[0];
+    const auto top = head_top(last, k, amx_rows);
+    return {std::get<0>(top), std::get<1>(top)};
   }
 
  private:
+  // The top k of the softmax of the head's logits at rows h (the final norm first): (probabilities, head rows).
+  std::tuple<torch::Tensor, torch::Tensor> head_top(const torch::Tensor& h, int64_t k, int64_t amx_rows) const {
+    TORCH_CHECK(ends_.has_value(), "set_ends() before drafting");
+    const Ends& ends = *ends_;
+    const torch::Tensor normed = layer_ops::rms_norm(h.contiguous(), ends.norm, ends.eps);
+    return ends.head(normed, amx_rows).to(torch::kFloat32).softmax(-1).topk(k, -1);
+  }
+
   struct Ends {
     torch::Tensor embed, norm;
     double eps;
@@ -174,7 +207,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("start"), py::arg("columns"), py::arg("row_ptr"), py::arg("amx_rows"), py::arg("tiles"),
            py::arg("hidden_after"))
       .def("set_ends", &DecoderStack::set_ends)
-      .def("chain", &DecoderStack::chain, py::arg("x"), py::arg("depths"), py::arg("cos_table"), py::arg("sin_table"),
-           py::arg("buffer"), py::arg("start"), py::arg("path"), py::arg("vocab"), py::arg("amx_rows"),
-           py::arg("batch_invariant"));
+      .def("chain", &DecoderStack::chain, py::arg("x"), py::arg("depths"), py::arg("k"), py::arg("cos_table"),
+           py::arg("sin_table"), py::arg("buffer"), py::arg("start"), py::arg("path"), py::arg("vocab"),
+           py::arg("amx_rows"), py::arg("batch_invariant"))
+      .def("rows", &DecoderStack::rows, py::arg("x"), py::arg("positions"), py::arg("k"), py::arg("cos_table"),
+           py::arg("sin_table"), py::arg("buffer"), py::arg("start"), py::arg("path"), py::arg("tails"),
+           py::arg("tail_ptr"), py::arg("amx_rows"), py::arg("batch_invariant"));
 }

@@ -95,6 +95,7 @@ class DraftDecoderProposer:
         self.forwards = 0
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
         self._head_ids = draft.head_ids.cpu()  # the drafting logic runs on the host, on host logits
+        self._head_list = self._head_ids.tolist()
         self._embedding = draft.model.get_input_embeddings().weight
         proj = draft.hidden_proj
         self._hidden_proj = None if proj is None else runner.prepare_linear(proj.weight, proj.bias)
@@ -103,6 +104,7 @@ class DraftDecoderProposer:
         self._next_proj = None if nxt is None else runner.prepare_linear(nxt.weight, nxt.bias)
         self._vocab = int(draft.model.config.vocab_size)
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
+        self._scratch: int | None = None  # a stream holding a native tree's nodes while it grows (``_native_tree``)
         self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens in the draft's cache
         # a search's prompts extend each other: a new stream forks the draft KV of the longest kept
         # prefix instead of running its whole prompt through the draft (on a 2-core Zen 5, rStar + SPEX +
@@ -125,7 +127,7 @@ class DraftDecoderProposer:
                 self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[: fork.length]
             # block nodes a propose that raised left in the draft's cache are scratch: drop them
             self.runner.truncate(self._streams[r.key], self._committed[r.key].numel())
-        if len(active) == 1 and self._native_chain(active[0], blocks[active[0].key], policies[active[0].key], mode):
+        if len(active) == 1 and self._native(active[0], blocks[active[0].key], policies[active[0].key], mode):
             active = []  # drafted
         kept: dict[int, list[int]] = {r.key: [] for r in active}  # block nodes in the draft cache (a root path)
         depth = 1
@@ -172,32 +174,77 @@ class DraftDecoderProposer:
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
-    def _native_chain(self, r: DraftRequest, block: _Block, policy: TreePolicy, mode: ChildSampling) -> bool:
-        """Draft a chain of top-ranked tokens in one native call (``runner.draft_chain``): the loop below, depth by
-        depth, for a stream whose tree is a chain and whose children are the draft's top tokens with no coupled
-        guess. The same forwards on the same inputs, so the same chain; False where this does not apply."""
-        if mode != "top" or (self.coupled and r.noise is not None) or not _is_chain(policy):
+    def _native(self, r: DraftRequest, block: _Block, policy: TreePolicy, mode: ChildSampling) -> bool:
+        """Draft one stream's block in native calls (the depth loop below, for a stream whose children are the
+        draft's top tokens with no coupled guess): a chain in one (``runner.draft_chain``), a tree in one for
+        depth 1 and one a depth after it (``runner.draft_rows``, the nodes' keys and values in a scratch stream).
+        The same forwards on the same inputs, so the same block; False where the native loop is not built."""
+        if mode != "top" or (self.coupled and r.noise is not None):
             return False
         tokens, embeds = self._catch_up(r)
         if embeds is None:  # VDM: the new tokens' and the pending token's embeddings
             embeds = self._embedding[torch.cat([tokens, torch.tensor(block.tokens)])]
-        depths = min(r.k, policy.max_depth, self._room(r))
-        stream = self._streams[r.key]
-        drafted = self.runner.draft_chain(stream, embeds, depths, self._head_ids)
+        limit = min(r.k, policy.max_depth, self._room(r))
+        k = min(policy.max_children, self._head_ids.numel())
+        stream, chain = self._streams[r.key], _is_chain(policy)
+        drafted = self.runner.draft_chain(stream, embeds, limit if chain else 1, self._head_ids, k)
         if drafted is None:
             return False
         self._committed[r.key] = r.tokens[:-1]
-        self.runner.truncate(stream, self._committed[r.key].numel())  # the pending token and the chain: scratch
-        self.forwards += depths
-        for head_row, prob in zip(*drafted):
-            parent = len(block.tokens) - 1
-            block.tokens.append(int(self._head_ids[head_row]))
-            block.parents.append(parent)
-            block.prob.append(prob)
-            block.conf.append(block.conf[parent] * prob)
-            block.q.append(None)
-        block.frontier = [len(block.tokens) - 1]
+        probs, heads = drafted
+        try:
+            if chain:
+                for depth in range(1, limit + 1):
+                    self._add(block, policy, depth, [0], probs[depth - 1 : depth], heads[depth - 1 : depth])
+            else:
+                self._native_tree(r, block, policy, k, limit, probs, heads)
+        finally:
+            self.runner.truncate(stream, self._committed[r.key].numel())  # the pending token, any chain: scratch
+        self.forwards += limit if chain else 0
         return True
+
+    def _native_tree(
+        self,
+        r: DraftRequest,
+        block: _Block,
+        policy: TreePolicy,
+        k: int,
+        limit: int,
+        probs: torch.Tensor,  # (1, k): depth 1's children
+        heads: torch.Tensor,
+    ) -> None:
+        """Depths 1.. of a tree: each runs the frontier nodes the policy expands, every node once, over the
+        scratch entries of its ancestors (the depth loop runs them and their uncached ancestors below the kept
+        path instead: the same columns in the same order)."""
+        if self._scratch is None:
+            self._scratch = self.runner.new_stream()
+        entry: dict[int, int] = {}  # block node -> its entry in the scratch stream
+        depth, read = 1, [0]
+        self.forwards += 1
+        try:
+            while self._add(block, policy, depth, read, probs, heads) and depth < limit:
+                depth += 1
+                read = policy.frontier_to_expand(depth, self._frontier_conf(block))
+                if not read:
+                    break
+                nodes = [block.frontier[j] for j in read]
+                above = [self._scratch_path(block, node, entry) for node in nodes]
+                probs, heads = self.runner.draft_rows(
+                    self._streams[r.key], self._scratch, torch.tensor([block.tokens[v] for v in nodes]),
+                    [depth - 1] * len(nodes), above, k,
+                )  # fmt: skip
+                entry.update({v: len(entry) + i for i, v in enumerate(nodes)})  # their scratch entries, in order
+                self.forwards += 1
+        finally:
+            self.runner.truncate(self._scratch, 0)
+
+    @staticmethod
+    def _scratch_path(block: _Block, node: int, entry: dict[int, int]) -> list[int]:
+        """The scratch entries of ``node``'s ancestors below the root, root first (each was expanded before)."""
+        path = []
+        while (node := block.parents[node]) > 0:
+            path.append(entry[node])
+        return path[::-1]
 
     def _forward_depth(
         self,
@@ -304,9 +351,22 @@ class DraftDecoderProposer:
                 # policies read them): the guess is the child the target's draw most likely is, and its own q
                 # understates that (a draft equal to the target is always right with the shared noise)
                 picks = _coupled_first(q_sub, picks, noise)
-        else:
-            picks = _draw(q_sub, k, mode == "without_replacement", generator)  # (rows, K)
-            probs = q_sub.gather(1, picks)
+            return self._add(block, policy, depth, rows, probs, picks)
+        picks = _draw(q_sub, k, mode == "without_replacement", generator)  # (rows, K)
+        return self._add(block, policy, depth, rows, q_sub.gather(1, picks), picks, q_sub)
+
+    def _add(
+        self,
+        block: _Block,
+        policy: TreePolicy,
+        depth: int,
+        rows: list[int],  # frontier indices the candidates belong to
+        probs: torch.Tensor,  # (len(rows), K) each candidate's draft probability, largest first under ``top``
+        picks: torch.Tensor,  # (len(rows), K) the candidates' head rows
+        q_sub: torch.Tensor | None = None,  # sampled children: the distributions they were drawn from
+    ) -> bool:
+        """Append the policy's pick of the candidates below the frontier; False when it picked none."""
+        k = probs.shape[1]
         if rows == list(range(len(block.frontier))):
             child_probs = probs
         else:  # rows the policy does not read stay 0
@@ -314,13 +374,14 @@ class DraftDecoderProposer:
             child_probs[rows] = probs
         where = {fi: i for i, fi in enumerate(rows)}
         frontier = []
+        prob_rows, pick_rows = probs.tolist(), picks.tolist()
         for fi, rank in policy.expand(depth, self._frontier_conf(block), child_probs):
             parent, row = block.frontier[fi], where[fi]
-            block.tokens.append(int(self._head_ids[picks[row, rank]]))
+            block.tokens.append(self._head_list[pick_rows[row][rank]])
             block.parents.append(parent)
-            block.prob.append(float(probs[row, rank]))
+            block.prob.append(prob_rows[row][rank])
             block.conf.append(block.conf[parent] * block.prob[-1])
-            block.q.append(None if mode == "top" else q_sub[row])
+            block.q.append(None if q_sub is None else q_sub[row])
             frontier.append(len(block.tokens) - 1)
         block.frontier = frontier
         return bool(frontier)
