@@ -291,13 +291,15 @@ def test_bf16_drafts_on_spectots_kernels_decode_as_ar(tiny_model, kind: str) -> 
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])  # greedy; sampled, the coupled guess first
 @pytest.mark.parametrize("policy", ["chain", "pct", "k_config", "eagle2"])
 @pytest.mark.parametrize("kind", ["edd+copy", "vdm"])
-def test_native_drafts_are_the_depth_loops(tiny_model, kind: str, policy: str) -> None:
-    """One greedy stream drafts in native calls: a chain in one (``runner.draft_chain``), a tree in one for depth
-    1 and one a depth after it (``runner.draft_rows``, every node run once over its ancestors' scratch entries).
-    Over whole generations every draft (tokens and draft probabilities) must be the one the depth-by-depth loop
-    makes, which runs where the native loop is not built (``draft_chain`` returns None)."""
+def test_native_drafts_are_the_depth_loops(tiny_model, kind: str, policy: str, temperature: float) -> None:
+    """One stream drafting top tokens drafts in native calls: a chain in one (``runner.draft_chain``), a tree in
+    one for depth 1 and one a depth after it (``runner.draft_rows``, every node run once over its ancestors'
+    scratch entries). Over whole generations every draft (tokens and draft probabilities) must be the one the
+    depth-by-depth loop makes, which runs where the native loop is not built (``draft_chain`` returns None):
+    greedy, and sampled at T = 0.7 (q at the stream's temperature, each depth's guess argmax q / E first)."""
     model = tiny_model.__wrapped__("llama", 0, num_hidden_layers=3).to(torch.bfloat16)
     draft = make_draft(model, kind, HEAD_IDS).to(torch.bfloat16)
     if ModelRunner(draft.model, kernels="spectot")._stack is None:
@@ -307,13 +309,15 @@ def test_native_drafts_are_the_depth_loops(tiny_model, kind: str, policy: str) -
     for native in (True, False):
         tree = TREES[policy] if policy == "pct" else POLICIES[policy]
         prop = DraftDecoderProposer(draft, ModelRunner(draft.model, kernels="spectot"), tree)
-        results.append(_record_drafts(prop, model, native))
+        results.append(_record_drafts(prop, model, native, SamplingParams.from_temperature(temperature)))
     (native_drafts, native_calls), (loop_drafts, _) = results
     assert native_drafts == loop_drafts and len(native_drafts) > 10
     assert native_calls > len(native_drafts) // 2  # the steps that drafted at all asked for it
 
 
-def _record_drafts(prop: DraftDecoderProposer, model: torch.nn.Module, native: bool) -> tuple[list, int]:
+def _record_drafts(
+    prop: DraftDecoderProposer, model: torch.nn.Module, native: bool, sampling: SamplingParams
+) -> tuple[list, int]:
     """Every draft ``prop`` makes over greedy SD of each prompt alone (the native calls draft for one stream), and
     how often it asked the runner for them (which, with ``native`` False, declines as an unbuilt one)."""
     chain, propose = prop.runner.draft_chain, prop.propose
@@ -330,8 +334,9 @@ def _record_drafts(prop: DraftDecoderProposer, model: torch.nn.Module, native: b
 
     prop.runner.draft_chain, prop.propose = draft_chain, recording
     decoder = Decoder(ModelRunner(model, kernels="spectot"), proposer=prop)
-    for prompt in PROMPTS + REPEATING:
-        decoder.generate([prompt], DecodeConfig(method="sd", max_new_tokens=MAX_NEW, num_draft_tokens=5))
+    for seed, prompt in enumerate(PROMPTS + REPEATING):
+        config = DecodeConfig(method="sd", max_new_tokens=MAX_NEW, num_draft_tokens=5, sampling=sampling, seed=seed)
+        decoder.generate([prompt], config)
     return made, len(calls)
 
 

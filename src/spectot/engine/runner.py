@@ -560,14 +560,23 @@ class ModelRunner:
         return logits
 
     def draft_chain(
-        self, stream: int, x: torch.Tensor, depths: int, vocab: torch.Tensor, k: int = 1
+        self,
+        stream: int,
+        x: torch.Tensor,
+        depths: int,
+        vocab: torch.Tensor,
+        k: int = 1,
+        temperature: float = 1.0,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A greedy chain draft in one native call: the chain ``forward`` of x's rows (input vectors, appended
-        to ``stream``), then ``depths`` - 1 ``forward_kept`` steps, each of the head row the last row's softmax
-        ranks first (``vocab``: the token id of each head row). Returns the top ``k`` of each depth's softmax,
-        (probabilities, head rows), each (depths, k); every row stays in the stream. The same ops on the same
-        inputs as those Python steps, so the same bits, without their ~0.3 ms of host work a depth. None where
-        the native loop is not built."""
+        """A chain draft in one native call: the chain ``forward`` of x's rows (input vectors, appended to
+        ``stream``), then ``depths`` - 1 ``forward_kept`` steps, each of the head row ranked first at the depth
+        before (``vocab``: the token id of each head row). Each depth ranks the top ``k`` of q = softmax(logits /
+        ``temperature``), largest first, except that with ``noise`` (depths, head rows) float64, E at each
+        depth's position, the guess argmax q / E goes first (a coupled draft). Returns (probabilities, head rows),
+        each (depths, k), the probabilities the sorted top k; every row stays in the stream. The same ops on the
+        same inputs as those Python steps, so the same bits, without their ~0.3 ms of host work a depth. None
+        where the native loop is not built."""
         if self._stack is None or not self._rope_cached:
             return None
         if self._pending is not None:
@@ -581,7 +590,7 @@ class ModelRunner:
                 cos, sin = self._rope_tables(x, first + rows)
                 probs, heads = self._stack.chain(
                     x, depths, k, cos, sin, self.cache.buffer, start, self.cache.slots(stream), vocab,
-                    self._linear.amx_rows, self._batch_invariant,
+                    self._linear.amx_rows, self._batch_invariant, temperature, noise,
                 )  # fmt: skip
         except BaseException:
             self.cache.drop_tail(start)  # the reserved slots, held by none
@@ -597,12 +606,15 @@ class ModelRunner:
         depths: Sequence[int],
         above: Sequence[Sequence[int]],
         k: int,
+        temperature: float = 1.0,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Nodes of a draft tree below ``stream``'s last token in one native call, their keys and values kept in
         ``scratch`` (a stream used as a list of slots: a compaction of the cache moves them with it): node r
         (token ``tokens[r]``, ``depths[r]`` below the stream's last token) becomes a new entry of ``scratch`` and
         attends to the stream's slots, then the ``scratch`` entries ``above[r]`` (its ancestors', root first),
-        then its own. Returns the top ``k`` of each node's softmax, (probabilities, head rows), each (R, k):
+        then its own. Returns each node's top ``k`` as ``draft_chain`` ranks them (``noise``: E at the nodes'
+        children's position, (head rows,)), (probabilities, head rows), each (R, k):
         what a tree ``forward`` of those nodes gives (the same columns in the same order), without its tree,
         commit and cut. None where the native loop is not built."""
         if self._stack is None or not self._rope_cached:
@@ -625,7 +637,7 @@ class ModelRunner:
                 probs, heads = self._stack.rows(
                     x, torch.tensor([base + d for d in depths]), k, cos, sin, self.cache.buffer, start,
                     self.cache.slots(stream), torch.tensor(tails), torch.tensor(tail_ptr), self._linear.amx_rows,
-                    self._batch_invariant,
+                    self._batch_invariant, temperature, noise,
                 )  # fmt: skip
         except BaseException:
             self.cache.drop_tail(start)

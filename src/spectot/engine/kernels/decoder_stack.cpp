@@ -119,7 +119,9 @@ class DecoderStack {
   std::vector<torch::Tensor> chain(torch::Tensor x, int64_t depths, int64_t k, const torch::Tensor& cos_table,
                                    const torch::Tensor& sin_table, const torch::Tensor& buffer, int64_t start,
                                    const torch::Tensor& path, const torch::Tensor& vocab, int64_t amx_rows,
-                                   bool batch_invariant) const {
+                                   bool batch_invariant, double temperature,
+                                   const c10::optional<torch::Tensor>& noise) const {
+    TORCH_CHECK(!noise.has_value() || !noise->defined() || noise->size(0) == depths, "one noise row per depth");
     TORCH_CHECK(depths >= 1 && x.dim() == 2 && x.size(0) >= 1, "a chain needs input rows and one depth or more");
     const int64_t n = x.size(0), first = path.size(0), rows = n + depths - 1;
     TORCH_CHECK(first + rows <= cos_table.size(0), "the rotary table does not reach the chain's last position");
@@ -139,7 +141,9 @@ class DecoderStack {
       const int64_t m = x.size(0);
       const torch::Tensor last = forward(x, cos_table.narrow(0, position, m), sin_table.narrow(0, position, m), buffer,
                                          slot, columns, row_ptr, amx_rows, batch_invariant || m > 1, 0)[0];
-      const auto top = head_top(last.narrow(0, m - 1, 1), k, amx_rows);
+      const c10::optional<torch::Tensor> e =
+          noise.has_value() && noise->defined() ? c10::optional<torch::Tensor>(noise->select(0, d)) : c10::nullopt;
+      const auto top = head_top(last.narrow(0, m - 1, 1), k, amx_rows, temperature, e);
       probs[d] = std::get<0>(top)[0];
       indices[d] = std::get<1>(top)[0];
       position += m;
@@ -159,7 +163,8 @@ class DecoderStack {
                                   const torch::Tensor& cos_table, const torch::Tensor& sin_table,
                                   const torch::Tensor& buffer, int64_t start, const torch::Tensor& path,
                                   const torch::Tensor& tails, const torch::Tensor& tail_ptr, int64_t amx_rows,
-                                  bool batch_invariant) const {
+                                  bool batch_invariant, double temperature,
+                                  const c10::optional<torch::Tensor>& noise) const {
     const int64_t n = x.size(0), first = path.size(0);
     TORCH_CHECK(n >= 1 && positions.size(0) == n && tail_ptr.size(0) == n + 1, "one position and tail per row");
     const int64_t* tp = tail_ptr.data_ptr<int64_t>();
@@ -176,17 +181,35 @@ class DecoderStack {
     const auto row_ptr = torch::from_blob(offsets.data(), {n + 1}, torch::kInt64);
     const torch::Tensor last = forward(x, cos_table.index_select(0, positions), sin_table.index_select(0, positions),
                                        buffer, start, cols, row_ptr, amx_rows, batch_invariant || n > 1, 0)[0];
-    const auto top = head_top(last, k, amx_rows);
+    const auto top = head_top(last, k, amx_rows, temperature, noise);
     return {std::get<0>(top), std::get<1>(top)};
   }
 
  private:
-  // The top k of the softmax of the head's logits at rows h (the final norm first): (probabilities, head rows).
-  std::tuple<torch::Tensor, torch::Tensor> head_top(const torch::Tensor& h, int64_t k, int64_t amx_rows) const {
+  // The top k of q = softmax(logits / temperature) of the head at rows h (the final norm first): (probabilities,
+  // head rows), each (rows, k), largest first. With noise (head rows,) double, E at the children's position, each
+  // row's guess argmax_i q_i / E_i goes first and its other top rows follow in order (the probabilities stay the
+  // sorted values): proposers/draft_decoder.py's ``_coupled_first``, in the same ops.
+  std::tuple<torch::Tensor, torch::Tensor> head_top(const torch::Tensor& h, int64_t k, int64_t amx_rows,
+                                                    double temperature,
+                                                    const c10::optional<torch::Tensor>& noise) const {
     TORCH_CHECK(ends_.has_value(), "set_ends() before drafting");
     const Ends& ends = *ends_;
     const torch::Tensor normed = layer_ops::rms_norm(h.contiguous(), ends.norm, ends.eps);
-    return ends.head(normed, amx_rows).to(torch::kFloat32).softmax(-1).topk(k, -1);
+    const torch::Tensor q = ends.head(normed, amx_rows).to(torch::kFloat32).div(temperature).softmax(-1);
+    auto top = q.topk(k, -1);
+    if (!noise.has_value() || !noise->defined()) return top;
+    const auto guess = q.to(torch::kDouble).div(*noise).argmax(-1);  // (rows,)
+    auto picks = std::get<1>(top).clone();
+    const int64_t* g = guess.data_ptr<int64_t>();
+    const int64_t* old = std::get<1>(top).data_ptr<int64_t>();
+    int64_t* out = picks.data_ptr<int64_t>();
+    for (int64_t r = 0; r < picks.size(0); ++r) {
+      out[r * k] = g[r];
+      for (int64_t i = 0, j = 1; i < k && j < k; ++i)
+        if (old[r * k + i] != g[r]) out[r * k + j++] = old[r * k + i];
+    }
+    return {std::get<0>(top), picks};
   }
 
   struct Ends {
@@ -209,8 +232,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_ends", &DecoderStack::set_ends)
       .def("chain", &DecoderStack::chain, py::arg("x"), py::arg("depths"), py::arg("k"), py::arg("cos_table"),
            py::arg("sin_table"), py::arg("buffer"), py::arg("start"), py::arg("path"), py::arg("vocab"),
-           py::arg("amx_rows"), py::arg("batch_invariant"))
+           py::arg("amx_rows"), py::arg("batch_invariant"), py::arg("temperature"), py::arg("noise"))
       .def("rows", &DecoderStack::rows, py::arg("x"), py::arg("positions"), py::arg("k"), py::arg("cos_table"),
            py::arg("sin_table"), py::arg("buffer"), py::arg("start"), py::arg("path"), py::arg("tails"),
-           py::arg("tail_ptr"), py::arg("amx_rows"), py::arg("batch_invariant"));
+           py::arg("tail_ptr"), py::arg("amx_rows"), py::arg("batch_invariant"), py::arg("temperature"),
+           py::arg("noise"));
 }

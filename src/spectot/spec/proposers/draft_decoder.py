@@ -127,7 +127,10 @@ class DraftDecoderProposer:
                 self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[: fork.length]
             # block nodes a propose that raised left in the draft's cache are scratch: drop them
             self.runner.truncate(self._streams[r.key], self._committed[r.key].numel())
-        if len(active) == 1 and self._native(active[0], blocks[active[0].key], policies[active[0].key], mode):
+        native = len(active) == 1 and self._native(
+            active[0], blocks[active[0].key], policies[active[0].key], mode, draft_params
+        )
+        if native:
             active = []  # drafted
         kept: dict[int, list[int]] = {r.key: [] for r in active}  # block nodes in the draft cache (a root path)
         depth = 1
@@ -174,12 +177,15 @@ class DraftDecoderProposer:
         return drafts
 
     # -- phases ----------------------------------------------------------------------------
-    def _native(self, r: DraftRequest, block: _Block, policy: TreePolicy, mode: ChildSampling) -> bool:
+    def _native(
+        self, r: DraftRequest, block: _Block, policy: TreePolicy, mode: ChildSampling, params: SamplingParams
+    ) -> bool:
         """Draft one stream's block in native calls (the depth loop below, for a stream whose children are the
-        draft's top tokens with no coupled guess): a chain in one (``runner.draft_chain``), a tree in one for
-        depth 1 and one a depth after it (``runner.draft_rows``, the nodes' keys and values in a scratch stream).
-        The same forwards on the same inputs, so the same block; False where the native loop is not built."""
-        if mode != "top" or (self.coupled and r.noise is not None):
+        draft's top tokens, the coupled guess first where it has noise): a chain in one (``runner.draft_chain``), a
+        tree in one for depth 1 and one a depth after it (``runner.draft_rows``, the nodes' keys and values in a
+        scratch stream). The same forwards and ranks on the same inputs, so the same block; False where the native
+        loop is not built or q is filtered (top-k, top-p: the native head ranks softmax(logits / T) only)."""
+        if mode != "top" or (params.top_k and params.top_k < self._head_ids.numel()) or params.top_p < 1.0:
             return False
         tokens, embeds = self._catch_up(r)
         if embeds is None:  # VDM: the new tokens' and the pending token's embeddings
@@ -187,7 +193,10 @@ class DraftDecoderProposer:
         limit = min(r.k, policy.max_depth, self._room(r))
         k = min(policy.max_children, self._head_ids.numel())
         stream, chain = self._streams[r.key], _is_chain(policy)
-        drafted = self.runner.draft_chain(stream, embeds, limit if chain else 1, self._head_ids, k)
+        noise = self._noise(r, range(1, limit + 1 if chain else 2))
+        drafted = self.runner.draft_chain(
+            stream, embeds, limit if chain else 1, self._head_ids, k, params.temperature, noise
+        )
         if drafted is None:
             return False
         self._committed[r.key] = r.tokens[:-1]
@@ -197,11 +206,18 @@ class DraftDecoderProposer:
                 for depth in range(1, limit + 1):
                     self._add(block, policy, depth, [0], probs[depth - 1 : depth], heads[depth - 1 : depth])
             else:
-                self._native_tree(r, block, policy, k, limit, probs, heads)
+                self._native_tree(r, block, policy, k, limit, probs, heads, params.temperature)
         finally:
             self.runner.truncate(stream, self._committed[r.key].numel())  # the pending token, any chain: scratch
         self.forwards += limit if chain else 0
         return True
+
+    def _noise(self, r: DraftRequest, depths: Sequence[int]) -> torch.Tensor | None:
+        """(len(depths), head rows) float64: E at the positions of the children of each depth, for the coupled
+        guess (None: a greedy stream, or coupling off)."""
+        if not (self.coupled and r.noise is not None):
+            return None
+        return torch.stack([r.noise.at(r.position + depth - 1, self._head_ids) for depth in depths])
 
     def _native_tree(
         self,
@@ -212,6 +228,7 @@ class DraftDecoderProposer:
         limit: int,
         probs: torch.Tensor,  # (1, k): depth 1's children
         heads: torch.Tensor,
+        temperature: float,
     ) -> None:
         """Depths 1.. of a tree: each runs the frontier nodes the policy expands, every node once, over the
         scratch entries of its ancestors (the depth loop runs them and their uncached ancestors below the kept
@@ -229,9 +246,10 @@ class DraftDecoderProposer:
                     break
                 nodes = [block.frontier[j] for j in read]
                 above = [self._scratch_path(block, node, entry) for node in nodes]
+                noise = self._noise(r, [depth])
                 probs, heads = self.runner.draft_rows(
                     self._streams[r.key], self._scratch, torch.tensor([block.tokens[v] for v in nodes]),
-                    [depth - 1] * len(nodes), above, k,
+                    [depth - 1] * len(nodes), above, k, temperature, None if noise is None else noise[0],
                 )  # fmt: skip
                 entry.update({v: len(entry) + i for i, v in enumerate(nodes)})  # their scratch entries, in order
                 self.forwards += 1
