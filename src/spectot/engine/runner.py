@@ -559,6 +559,11 @@ class ModelRunner:
         self.cache.hold_range(stream, start, 1)
         return logits
 
+    @property
+    def drafts_natively(self) -> bool:
+        """Whether ``draft_chain`` and ``draft_rows`` run here (the native layer loop is built, RoPE from a table)."""
+        return self._stack is not None and self._rope_cached
+
     def draft_chain(
         self,
         stream: int,
@@ -577,7 +582,7 @@ class ModelRunner:
         each (depths, k), the probabilities the sorted top k; every row stays in the stream. The same ops on the
         same inputs as those Python steps, so the same bits, without their ~0.3 ms of host work a depth. None
         where the native loop is not built."""
-        if self._stack is None or not self._rope_cached:
+        if not self.drafts_natively:
             return None
         if self._pending is not None:
             raise RuntimeError("commit() the previous forward before running the next one")
@@ -617,7 +622,7 @@ class ModelRunner:
         children's position, (head rows,)), (probabilities, head rows), each (R, k):
         what a tree ``forward`` of those nodes gives (the same columns in the same order), without its tree,
         commit and cut. None where the native loop is not built."""
-        if self._stack is None or not self._rope_cached:
+        if not self.drafts_natively:
             return None
         if self._pending is not None:
             raise RuntimeError("commit() the previous forward before running the next one")
