@@ -104,18 +104,18 @@ class DecoderStack {
     return {x, hidden};
   }
 
-  // The model's ends, for `chain`: the token embedding table, the final norm and the head (a packed weight).
+  // The model's ends, for `chain` and `rows`: the token embedding table, the final norm and the head (packed).
   void set_ends(torch::Tensor embed, torch::Tensor norm, double eps, torch::Tensor head,
                 c10::optional<torch::Tensor> head_bias, int64_t head_out) {
     ends_ = Ends{embed, norm, eps, {head, head_bias, head_out}};
   }
 
-  // A greedy chain draft (runner.py ``draft_chain``): the chain forward of x's rows (input vectors at positions
-  // first.., slots start..; first = path's length), then depths - 1 one-row forwards, each of the token the
-  // last row's softmax ranks first; every row's key and value stay in its slot. The same ops as the runner's
-  // Python steps (``forward`` then ``forward_kept``, softmax, topk) on the same inputs, so the same bits.
-  // vocab (head rows,) int64: the token id of each head row (a draft decoder's head covers a subset). Returns
-  // the top k of each depth's softmax: [probabilities (depths, k) fp32, head rows (depths, k) int64].
+  // A chain draft (runner.py ``draft_chain``): the chain forward of x's rows (input vectors at positions first..,
+  // slots start..; first = path's length), then depths - 1 one-row forwards, each of the token ranked first at
+  // the depth before (``head_top``; noise: one row per depth); every row's key and value stay in its slot. The
+  // same ops as the runner's Python steps (``forward`` then ``forward_kept``, softmax, topk) on the same inputs,
+  // so the same bits. vocab (head rows,) int64: the token id of each head row (a draft decoder's head covers a
+  // subset). Returns each depth's top k: [probabilities (depths, k) fp32, head rows (depths, k) int64].
   std::vector<torch::Tensor> chain(torch::Tensor x, int64_t depths, int64_t k, const torch::Tensor& cos_table,
                                    const torch::Tensor& sin_table, const torch::Tensor& buffer, int64_t start,
                                    const torch::Tensor& path, const torch::Tensor& vocab, int64_t amx_rows,
@@ -158,7 +158,7 @@ class DecoderStack {
 
   // Rows of draft-tree nodes (runner.py ``draft_rows``): row r, input vector x[r] at position positions[r], writes
   // slot start + r and reads the path's slots, then tails[tail_ptr[r] : tail_ptr[r + 1]] (its ancestors' slots,
-  // root first, then its own). Returns the top k of each row's softmax: [probabilities (R, k), head rows (R, k)].
+  // root first, then its own). Returns each row's top k (``head_top``): [probabilities (R, k), head rows (R, k)].
   std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& positions, int64_t k,
                                   const torch::Tensor& cos_table, const torch::Tensor& sin_table,
                                   const torch::Tensor& buffer, int64_t start, const torch::Tensor& path,
@@ -167,6 +167,10 @@ class DecoderStack {
                                   const c10::optional<torch::Tensor>& noise) const {
     const int64_t n = x.size(0), first = path.size(0);
     TORCH_CHECK(n >= 1 && positions.size(0) == n && tail_ptr.size(0) == n + 1, "one position and tail per row");
+    TORCH_CHECK(path.scalar_type() == torch::kInt64 && tails.scalar_type() == torch::kInt64 &&
+                    tail_ptr.scalar_type() == torch::kInt64 && path.is_contiguous() && tails.is_contiguous() &&
+                    tail_ptr.is_contiguous(),
+                "path, tails and tail_ptr must be contiguous int64");
     const int64_t* tp = tail_ptr.data_ptr<int64_t>();
     const int64_t* tail = tails.data_ptr<int64_t>();
     const int64_t* old = path.data_ptr<int64_t>();
