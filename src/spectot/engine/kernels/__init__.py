@@ -25,8 +25,10 @@ no compiler or ninja) the loaders return None and callers fall back to torch.
 from __future__ import annotations
 
 import logging
+import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -61,17 +63,41 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
     isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
     isa += ["-mamx-tile", "-mamx-bf16"] if amx else []
     try:
-        return load(
-            name=name,
-            sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
+        with _package_ninja_first():
+            return load(
+                name=name,
+                sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                verbose=False,
+            )
     except Exception as err:  # a missing compiler or ninja must not stop decoding
         logger.warning("could not build the %s kernel (%s); using %s", source, err, fallback)
         return None
+
+
+@contextmanager
+def _package_ninja_first() -> Iterator[None]:
+    """PATH with the `ninja` package's binary (a dependency) first while torch's builder runs `ninja`, which it finds
+    on PATH. Every entry point then builds with that one ninja, with or without an activated environment: two
+    ninja versions log their commands differently, so each took the other's build for a changed command and
+    rebuilt it (measured: `spectot` with the environment's 1.13 on PATH and `python` with the system's 1.11
+    rebuilt the native layer loop and the noise kernel, ~1.5 minutes, every time they alternated)."""
+    try:
+        import ninja
+    except ImportError:  # no package: whatever ninja PATH has
+        yield
+        return
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before]) if before else ninja.BIN_DIR
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = before
 
 
 def _wide_isa() -> dict[str, bool]:
