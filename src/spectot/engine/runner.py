@@ -651,8 +651,12 @@ class ModelRunner:
         return probs, heads
 
     def _rope_tables(self, x: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole cos and sin tables, grown to hold positions 0 .. need - 1."""
-        self._rope(x, slice(need - 1, need), need)
+        """The whole cos and sin tables (``_rope_form``), grown to hold positions 0 .. need - 1: doubled, up to the
+        context (past it only as far as asked)."""
+        held = 0 if self._rope_table is None else self._rope_table[0].shape[0]
+        if held < need:
+            length = max(need, min(max(256, 2 * held), self.max_context))
+            self._rope_table = self._rope_form(*self._rotary(x, torch.arange(length, device=x.device)[None]))
         return self._rope_table
 
     def _row_logits(self, stream: int, token: torch.Tensor, embeds: torch.Tensor | None) -> tuple[torch.Tensor, int]:
@@ -781,11 +785,7 @@ class ModelRunner:
             if isinstance(positions, slice):
                 positions = torch.arange(positions.start, positions.stop, device=x.device)
             return self._rope_form(*self._rotary(x, positions[None]))
-        held = 0 if self._rope_table is None else self._rope_table[0].shape[0]
-        if held < need:  # double it, up to the context (past it only as far as asked)
-            length = max(need, min(max(256, 2 * held), self.max_context))
-            self._rope_table = self._rope_form(*self._rotary(x, torch.arange(length, device=x.device)[None]))
-        cos, sin = self._rope_table
+        cos, sin = self._rope_tables(x, need)
         return cos[positions], sin[positions]
 
     def _rope_form(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -213,11 +213,11 @@ class DraftDecoderProposer:
             if chain:
                 for depth in range(1, limit + 1):
                     self._add(block, policy, depth, [0], probs[depth - 1 : depth], heads[depth - 1 : depth])
+                self.forwards += limit
             else:
                 self._native_tree(r, block, policy, k, limit, probs, heads, params.temperature)
         finally:
             self.runner.truncate(stream, self._committed[r.key].numel())  # the pending token, any chain: scratch
-        self.forwards += limit if chain else 0
         return True
 
     def _noise(self, r: DraftRequest, depths: Sequence[int]) -> torch.Tensor | None:
@@ -238,9 +238,9 @@ class DraftDecoderProposer:
         heads: torch.Tensor,
         temperature: float,
     ) -> None:
-        """Depths 1.. of a tree: each runs the frontier nodes the policy expands, every node once, over the
-        scratch entries of its ancestors (the depth loop runs them and their uncached ancestors below the kept
-        path instead: the same columns in the same order)."""
+        """Depths 1.. of a tree (depth 1's forward done, counted here): each runs the frontier nodes the policy
+        expands, every node once, over the scratch entries of its ancestors (the depth loop runs them and their
+        uncached ancestors below the kept path instead: the same columns in the same order)."""
         if self._scratch is None:
             self._scratch = self.runner.new_stream()
         entry: dict[int, int] = {}  # block node -> its entry in the scratch stream
