@@ -222,29 +222,32 @@ bool amx_linear(const uint16_t* x, int64_t rows, int64_t pairs, const uint16_t* 
 
 // amx_rows: forwards of at least this many rows go to the tile unit where the build and the OS allow it
 // (1: all, so every row is computed alike; the vdpbf16ps path agrees with it on all but ~1e-4 of outputs).
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N,
-                     int64_t amx_rows) {
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
+void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
+  TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL && packed.is_contiguous(), "weights packed by pack()");
-  const int64_t K = x.size(-1), pairs = packed.size(1);
-  TORCH_CHECK((K + 1) / 2 == pairs && N <= packed.size(0) * PANEL, "x's features or N do not match the packed weight");
-  auto out_shape = x.sizes().vec();
-  out_shape.back() = N;
-  auto x2 = x.reshape({-1, K}).contiguous();
-  if (K % 2) x2 = torch::constant_pad_nd(x2, {0, 1});  // the last pair's second feature is 0, as in the weights
-  const int64_t rows = x2.size(0);
-  auto y = torch::empty({rows, N}, x.options());
-  torch::Tensor b;
-  if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat32).contiguous();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x2.data_ptr<at::BFloat16>());
+  TORCH_CHECK((K + 1) / 2 == packed.size(1) && N <= packed.size(0) * PANEL,
+              "x's features or N do not match the packed weight");
+}
+
+// y (rows x N bf16) = x (rows x K bf16) W^T + bias (fp32, or null) over weights that passed check_packed: ``linear``
+// over raw rows, for the native layer loop.
+void linear_rows(const uint16_t* x, int64_t rows, int64_t K, const torch::Tensor& packed, const float* bp, int64_t N,
+                 uint16_t* yp, int64_t amx_rows) {
+  if (rows == 0) return;
+  const int64_t pairs = packed.size(1);
+  std::vector<uint16_t> padded;  // odd K: the last pair's second feature is 0, as in the weights
+  if (K % 2) {
+    padded.assign(rows * pairs * 2, 0);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(padded.data() + r * pairs * 2, x + r * K, K * 2);
+    x = padded.data();
+  }
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
 #ifdef __AMX_BF16__
-  if (rows >= amx_rows && amx_linear(reinterpret_cast<const uint16_t*>(xp), rows, pairs, wp, bp, N, yp))
-    return y.view(out_shape);
+  if (rows >= amx_rows && amx_linear(x, rows, pairs, wp, bp, N, yp)) return;
+#else
+  (void)amx_rows;
 #endif
-  if (rows == 0) return y.view(out_shape);
   const int64_t panel_size = pairs * 2 * PANEL, panels = (N + PANEL - 1) / PANEL;
   // threads own whole panels (each output element: one owner, one order)
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
@@ -269,7 +272,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
       }
     }
   });
-  return y.view(out_shape);
 }
 #else
 // The AVX2 kernel reads weights packed once at load into panels of 16 output columns (``pack``): for each input
@@ -391,25 +393,26 @@ void panel_rows(int64_t rb, const float* x, int64_t K, const uint16_t* w, int64_
   }
 }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N,
-                     int64_t /* amx_rows: no tile unit in this build */) {
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
+void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
+  TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL / 2 && packed.size(3) == 2 && packed.is_contiguous(),
               "weights packed by pack()");
-  const int64_t K = x.size(-1);
   TORCH_CHECK(packed.size(1) == K && N <= packed.size(0) * PANEL, "x's features or N do not match the packed weight");
-  auto out_shape = x.sizes().vec();
-  out_shape.back() = N;
-  const auto x2 = x.reshape({-1, K}).to(torch::kFloat32).contiguous();  // exact
-  const int64_t rows = x2.size(0);
-  auto y = torch::empty({rows, N}, x.options());
-  if (rows == 0) return y.view(out_shape);
-  torch::Tensor b;
-  if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat32).contiguous();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const float* xp = x2.data_ptr<float>();
+}
+
+// y (rows x N bf16) = x (rows x K bf16) W^T + bias (fp32, or null) over weights that passed check_packed: ``linear``
+// over raw rows, for the native layer loop.
+void linear_rows(const uint16_t* x, int64_t rows, int64_t K, const torch::Tensor& packed, const float* bp, int64_t N,
+                 uint16_t* yp, int64_t /* amx_rows: no tile unit in this build */) {
+  if (rows == 0) return;
+  std::vector<float> widened(rows * K);  // exact
+  at::parallel_for(0, rows * K, 1 << 16, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8) _mm256_storeu_ps(widened.data() + i, spectot::load_bf16x8(x + i));
+    for (; i < end; ++i) widened[i] = bf16_to_float(x[i]);
+  });
+  const float* xp = widened.data();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   // Rows in groups of at most 6, as even as they split (7 -> 4 + 3, 8 -> 4 + 4), so every group of a forward
   // of several groups has 3 or more. One or two rows take two panels at a time, for more accumulator chains
   // (one row is bound by DRAM, not by the FMA latency, even so); more rows one.
@@ -444,10 +447,26 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
       }
     }
   });
-  return y.view(out_shape);
 }
 
 #endif
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N,
+                     int64_t amx_rows) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "bf16 tensors");
+  const int64_t K = x.size(-1);
+  check_packed(packed, K, N);
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = N;
+  const auto x2 = x.reshape({-1, K}).contiguous();
+  auto y = torch::empty({x2.size(0), N}, x.options());
+  torch::Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat32).contiguous();
+  linear_rows(reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>()), x2.size(0), K, packed,
+              b.defined() ? b.data_ptr<float>() : nullptr, N, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+              amx_rows);
+  return y.view(out_shape);
+}
 
 }  // namespace
 

@@ -46,16 +46,9 @@ void check_bf16(const torch::Tensor& t, const char* name) {
 
 // y = w * bf16(x * rsqrt(mean(x^2) + eps)) over the last dimension (HF's LlamaRMSNorm).
 // The mean: 8 fp32 partial sums over h mod 8 (FMA chains), added in a fixed order, then the tail.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
-  check_bf16(x, "x");
-  check_bf16(weight, "weight");
-  const int64_t H = weight.numel();
-  TORCH_CHECK(x.size(-1) == H, "x's last dimension must equal the weight's size");
-  const int64_t rows = x.numel() / H, H8 = H - H % 8;
-  auto y = torch::empty_like(x);
-  const uint16_t* xp = bits(x);
-  const uint16_t* wp = bits(weight);
-  uint16_t* yp = bits_mut(y);
+// rms_norm_rows: the same over raw rows (x, y: rows x H bf16, w: H), for the native layer loop.
+void rms_norm_rows(const uint16_t* xp, int64_t rows, int64_t H, const uint16_t* wp, double eps, uint16_t* yp) {
+  const int64_t H8 = H - H % 8;
   at::parallel_for(0, rows, grain_rows(H), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const uint16_t* row = xp + n * H;
@@ -77,6 +70,15 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
       for (int64_t h = H8; h < H; ++h) out[h] = to_bf16(bf16_to_float(wp[h]) * r(bf16_to_float(row[h]) * inv));
     }
   });
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_bf16(x, "x");
+  check_bf16(weight, "weight");
+  const int64_t H = weight.numel();
+  TORCH_CHECK(x.size(-1) == H, "x's last dimension must equal the weight's size");
+  auto y = torch::empty_like(x);
+  rms_norm_rows(bits(x), x.numel() / H, H, bits(weight), eps, bits_mut(y));
   return y;
 }
 
@@ -102,6 +104,9 @@ inline void rope_head(const uint16_t* x, const uint16_t* cos, const uint16_t* si
   }
 }
 
+void rope_store_rows(const uint16_t* in, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, const uint16_t* cp,
+                     const uint16_t* sp, uint16_t* qp, uint16_t* kvp);
+
 // qkv (N, (Hq + 2 Hkv) D): the fused projection's output, q heads then k heads then v heads.
 // cos, sin (N, D): the rotary tables at each row's position. new_kv (N, 2, Hkv, D): the cache slots of
 // the new rows, written in place: [n, 0] = rotated k, [n, 1] = v. Returns the rotated q as (Hq, N, D),
@@ -118,11 +123,14 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   TORCH_CHECK(cos.numel() == N * D && sin.numel() == N * D, "cos and sin must be (N, head_dim)");
   TORCH_CHECK(new_kv.numel() == N * 2 * Hkv * D, "new_kv must be (N, 2, Hkv, head_dim)");
   auto q = torch::empty({Hq, N, D}, qkv.options());
-  const uint16_t* in = bits(qkv);
-  const uint16_t* cp = bits(cos);
-  const uint16_t* sp = bits(sin);
-  uint16_t* qp = bits_mut(q);
-  uint16_t* kvp = bits_mut(new_kv);
+  rope_store_rows(bits(qkv), N, Hq, Hkv, D, bits(cos), bits(sin), bits_mut(q), bits_mut(new_kv));
+  return q;
+}
+
+// rope_store_rows: the same over raw rows (qkv: N x (Hq + 2 Hkv) D; cos, sin: N x D; q: Hq x N x D; kvp: the N
+// new slots, N x 2 x Hkv x D), for the native layer loop.
+void rope_store_rows(const uint16_t* in, int64_t N, int64_t Hq, int64_t Hkv, int64_t D, const uint16_t* cp,
+                     const uint16_t* sp, uint16_t* qp, uint16_t* kvp) {
   const int64_t width = (Hq + 2 * Hkv) * D;
   at::parallel_for(0, N, grain_rows(width), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -135,7 +143,6 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
       std::copy(row + (Hq + Hkv) * D, row + width, slot + Hkv * D);  // v as it is
     }
   });
-  return q;
 }
 
 #ifdef __AVX512F__
@@ -143,6 +150,8 @@ inline __m512 negate16(__m512 v) {  // -v by the sign bit, as _mm256_xor_ps with
   return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
 }
 #endif
+
+void silu_mul_rows(const uint16_t* in, int64_t rows, int64_t I, uint16_t* op);
 
 // gate_up (..., 2I): gate then up (the fused projection). Returns bf16(silu(gate)) * up, rounded to bf16:
 // HF's `act_fn(gate_proj(x)) * up_proj(x)` with silu(g) = g / (1 + exp(-g)) in fp32 (exp: exp8). Built with
@@ -157,8 +166,13 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   auto sizes = gate_up.sizes().vec();
   sizes.back() = I;
   auto out = torch::empty(sizes, gate_up.options());
-  const uint16_t* in = bits(gate_up);
-  uint16_t* op = bits_mut(out);
+  silu_mul_rows(bits(gate_up), rows, I, bits_mut(out));
+  return out;
+}
+
+// silu_mul_rows: the same over raw rows (in: rows x 2I, op: rows x I), for the native layer loop.
+void silu_mul_rows(const uint16_t* in, int64_t rows, int64_t I, uint16_t* op) {
+  const int64_t I2 = 2 * I;
   constexpr int64_t SPAN = 512;  // columns per task (a multiple of 16)
   const int64_t spans = (I + SPAN - 1) / SPAN;
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -188,7 +202,17 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
       }
     }
   });
-  return out;
+}
+
+// x = bf16(x + y) element by element (torch's bf16 add: the fp32 sum, rounded to nearest even), in place: the
+// native layer loop's residual adds.
+void add_rows(uint16_t* x, const uint16_t* y, int64_t n) {
+  at::parallel_for(0, (n + 4095) / 4096, 8, [&](int64_t begin, int64_t end) {
+    const int64_t last = std::min(n, end * 4096);
+    int64_t i = begin * 4096;
+    for (; i + 8 <= last; i += 8) store_bf16x8(x + i, _mm256_add_ps(load_bf16x8(x + i), load_bf16x8(y + i)));
+    for (; i < last; ++i) x[i] = to_bf16(bf16_to_float(x[i]) + bf16_to_float(y[i]));
+  });
 }
 
 // What a verification step reads of its fp32 logits (R, V): every row's argmax (the greedy tokens) and, for the

@@ -640,6 +640,38 @@ void run(const Problem<T>& pb, int64_t max_len) {
 
 }  // namespace
 
+// The longest row of a CSR column list (row_ptr rp: N + 1 entries), after checking that it runs from 0 to n_cols,
+// that every row reads a column and that every column is a slot of a cache of `capacity`.
+int64_t checked_max_len(const int64_t* rp, int64_t N, const int64_t* cols, int64_t n_cols, int64_t capacity) {
+  TORCH_CHECK(rp[0] == 0 && rp[N] == n_cols, "tree_attention: row_ptr must run from 0 to len(columns) = ", n_cols,
+              ", got ", rp[0], " .. ", rp[N]);
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    TORCH_CHECK(rp[r + 1] > rp[r], "tree_attention: row ", r, " attends to no columns");
+    max_len = std::max(max_len, rp[r + 1] - rp[r]);
+  }
+  for (int64_t i = 0; i < n_cols; ++i)
+    TORCH_CHECK(cols[i] >= 0 && cols[i] < capacity, "tree_attention: column ", cols[i], " is outside the cache (",
+                capacity, " slots)");
+  return max_len;
+}
+
+// bf16 attention into rows (N, H * D), rounded: ``tree_attention(..., rows_bf16=True)`` over raw pointers (q: H x N x
+// D; kv: the cache, capacity x 2 x H_kv x D; columns checked by checked_max_len), for the native layer loop.
+void attend_bf16_rows(const uint16_t* q, int64_t H, int64_t N, int64_t D, const uint16_t* kv, int64_t H_kv,
+                      const int64_t* cols, const int64_t* rp, int64_t max_len, double scale, bool tiles,
+                      uint16_t* rows) {
+  const Problem<uint16_t> pb{q, kv, cols, rp, nullptr, rows, H, N, H_kv, D, static_cast<float>(scale)};
+#ifdef __AMX_BF16__
+  if (tiles && D % 32 == 0 && H / H_kv <= 16 && amx_permitted()) {
+    run_tiles(pb);
+    return;
+  }
+#endif
+  (void)tiles;
+  run(pb, max_len);
+}
+
 torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor columns, torch::Tensor row_ptr,
                              double scale, bool rows_bf16, bool tiles) {
   TORCH_CHECK(q.device().is_cpu() && kv.device().is_cpu() && columns.device().is_cpu() && row_ptr.device().is_cpu(),
@@ -664,28 +696,22 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor co
               row_ptr.numel());
   const int64_t* rp = row_ptr.data_ptr<int64_t>();
   const int64_t* cols = columns.data_ptr<int64_t>();
-  TORCH_CHECK(rp[0] == 0 && rp[N] == columns.numel(), "tree_attention: row_ptr must run from 0 to len(columns) = ",
-              columns.numel(), ", got ", rp[0], " .. ", rp[N]);
-  int64_t max_len = 0;
-  for (int64_t r = 0; r < N; ++r) {
-    TORCH_CHECK(rp[r + 1] > rp[r], "tree_attention: row ", r, " attends to no columns");
-    max_len = std::max(max_len, rp[r + 1] - rp[r]);
-  }
-  for (int64_t i = 0; i < columns.numel(); ++i)
-    TORCH_CHECK(cols[i] >= 0 && cols[i] < capacity, "tree_attention: column ", cols[i], " is outside the cache (",
-                capacity, " slots)");
-
+  const int64_t max_len = checked_max_len(rp, N, cols, columns.numel(), capacity);
   TORCH_CHECK(!rows_bf16 || q.scalar_type() == torch::kBFloat16, "tree_attention: rows_bf16 needs bf16 inputs");
   auto out = rows_bf16 ? torch::empty({N, H * D}, q.options()) : torch::empty({H, N, D}, q.options().dtype(torch::kFloat32));
   if (N == 0) return out;
-  float* op = rows_bf16 ? nullptr : out.data_ptr<float>();
-  uint16_t* rows = rows_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
+  auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+  if (rows_bf16) {
+    attend_bf16_rows(bits(q), H, N, D, bits(kv), H_kv, cols, rp, max_len, scale, tiles,
+                     reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
+    return out;
+  }
+  float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
   if (q.scalar_type() == torch::kFloat32) {
     run(Problem<float>{q.data_ptr<float>(), kv.data_ptr<float>(), cols, rp, op, nullptr, H, N, H_kv, D, s}, max_len);
   } else {
-    auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    const Problem<uint16_t> pb{bits(q), bits(kv), cols, rp, op, rows, H, N, H_kv, D, s};
+    const Problem<uint16_t> pb{bits(q), bits(kv), cols, rp, op, nullptr, H, N, H_kv, D, s};
 #ifdef __AMX_BF16__
     if (tiles && D % 32 == 0 && H / H_kv <= 16 && amx_permitted()) {
       run_tiles(pb);
