@@ -154,6 +154,7 @@ class DecoderStack {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       uint16_t* layer_kv = kv + static_cast<int64_t>(i) * layer_stride;
+      attention_kernel::prefetch_kv(layer_kv, n, kv_heads_, D, cols, rp);  // lands while qkv streams its weights
       layer_ops::rms_norm_rows(xp, n, H, bits(layer.input_norm), layer.input_eps, h);
       layer.qkv(h, n, wide, amx_rows);
       layer_ops::rope_store_rows(wide, n, q_heads_, kv_heads_, D, bits(cos), bits(sin), q, layer_kv + start * slot);
