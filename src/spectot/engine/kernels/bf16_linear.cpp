@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "vec.h"
@@ -405,13 +406,13 @@ void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
 void linear_rows(const uint16_t* x, int64_t rows, int64_t K, const torch::Tensor& packed, const float* bp, int64_t N,
                  uint16_t* yp, int64_t /* amx_rows: no tile unit in this build */) {
   if (rows == 0) return;
-  std::vector<float> widened(rows * K);  // exact
+  const std::unique_ptr<float[]> widened(new float[rows * K]);  // exact; every entry written (no zeroing pass)
   at::parallel_for(0, rows * K, 1 << 16, [&](int64_t begin, int64_t end) {
     int64_t i = begin;
-    for (; i + 8 <= end; i += 8) _mm256_storeu_ps(widened.data() + i, spectot::load_bf16x8(x + i));
+    for (; i + 8 <= end; i += 8) _mm256_storeu_ps(widened.get() + i, spectot::load_bf16x8(x + i));
     for (; i < end; ++i) widened[i] = bf16_to_float(x[i]);
   });
-  const float* xp = widened.data();
+  const float* xp = widened.get();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   // Rows in groups of at most 6, as even as they split (7 -> 4 + 3, 8 -> 4 + 4), so every group of a forward
   // of several groups has 3 or more. One or two rows take two panels at a time, for more accumulator chains

@@ -9,7 +9,8 @@
 // The kernels take raw rows here: every intermediate of a layer lives in one workspace allocated per forward,
 // so a layer issues no torch op (each was ~1-2 us of dispatch, allocation and checks on the calling thread while
 // the other threads waited: ~40 a layer). Session 42, 2-core Zen 3, SmolLM2 bf16 after 200 tokens, old and new
-// loop alternating in one process, equal logits: 13.1 -> 11.6 ms a one-row forward, 20.6 -> 19.7 ms at 6 rows.
+// loop alternating in one process, equal logits (scripts/stack_ab.py): 12.9 -> 11.4 ms a one-row forward, 16.8 -> 15.5 ms
+// at 6 rows.
 //
 // The kernels' sources are compiled into this module, each in a namespace of its own (their helpers
 // share names); SPECTOT_STACK leaves their Python modules out.
