@@ -83,6 +83,11 @@ struct Layer {
 
 }  // namespace
 
+// Forwards of at most this many rows (decoding steps: one row, a verified tree) prefetch each layer's KV lines; a
+// prefill's attention is compute-bound and re-reads its keys from cache, and its rows' column lists grow with the
+// prompt, so prefetching them would cost more than it hides.
+constexpr int64_t PREFETCH_ROWS = 16;
+
 class DecoderStack {
  public:
   DecoderStack(int64_t q_heads, int64_t kv_heads) : q_heads_(q_heads), kv_heads_(kv_heads) {}
@@ -155,7 +160,7 @@ class DecoderStack {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       uint16_t* layer_kv = kv + static_cast<int64_t>(i) * layer_stride;
-      attention_kernel::prefetch_kv(layer_kv, n, kv_heads_, D, cols, rp);  // lands while qkv streams its weights
+      if (n <= PREFETCH_ROWS) attention_kernel::prefetch_kv(layer_kv, n, kv_heads_, D, cols, rp);  // lands during qkv
       layer_ops::rms_norm_rows(xp, n, H, bits(layer.input_norm), layer.input_eps, h);
       layer.qkv(h, n, wide, amx_rows);
       layer_ops::rope_store_rows(wide, n, q_heads_, kv_heads_, D, bits(cos), bits(sin), q, layer_kv + start * slot);
