@@ -107,12 +107,17 @@ def test_bf16_tree_logits_equal_ar_logits_bit_for_bit(tiny_model) -> None:
         assert torch.equal(tree[i], step)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize(
+    "family, overrides",
+    [("llama", {}), ("qwen2", {}), ("llama", {"head_dim": 16})],  # the last: heads x head_dim (64) != hidden (32)
+)
 @pytest.mark.parametrize("exact", [True, False])  # a target's runner, a draft's (other matmul and attention paths)
-def test_the_native_layer_loop_equals_the_python_loop_bit_for_bit(tiny_model, family: str, exact: bool) -> None:
+def test_the_native_layer_loop_equals_the_python_loop_bit_for_bit(
+    tiny_model, family: str, overrides: dict, exact: bool
+) -> None:
     """decoder_stack.cpp runs the runner's layer loop in one call: logits, the hidden states a draft reads and
     the keys and values it writes must be the Python loop's, for one row and for trees."""
-    model = tiny_model.__wrapped__(family, 1).to(torch.bfloat16)
+    model = tiny_model.__wrapped__(family, 1, **overrides).to(torch.bfloat16)
     runner = ModelRunner(model, kernels="spectot", exact_attention=exact)
     if runner._stack is None:
         pytest.skip("the native layer loop did not build here")
