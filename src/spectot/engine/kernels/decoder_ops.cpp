@@ -31,7 +31,7 @@ using spectot::to_bf16;
 inline float r(float f) { return bf16_to_float(to_bf16(f)); }  // round through bf16
 
 const uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
-uint16_t* bits_mut(torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+uint16_t* bits_mut(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
 // Rows per parallel task: each row is computed alone (its math never depends on the split), so
 // threads only decide who computes it; small batches (a decoding step) stay on one thread.
@@ -44,9 +44,9 @@ void check_bf16(const torch::Tensor& t, const char* name) {
 
 }  // namespace
 
-// y = w * bf16(x * rsqrt(mean(x^2) + eps)) over the last dimension (HF's LlamaRMSNorm).
+// y = w * bf16(x * rsqrt(mean(x^2) + eps)) over each of the rows (x, y: rows x H bf16, w: H; HF's LlamaRMSNorm);
+// ``rms_norm`` below takes tensors, the native layer loop raw rows.
 // The mean: 8 fp32 partial sums over h mod 8 (FMA chains), added in a fixed order, then the tail.
-// rms_norm_rows: the same over raw rows (x, y: rows x H bf16, w: H), for the native layer loop.
 void rms_norm_rows(const uint16_t* xp, int64_t rows, int64_t H, const uint16_t* wp, double eps, uint16_t* yp) {
   const int64_t H8 = H - H % 8;
   at::parallel_for(0, rows, grain_rows(H), [&](int64_t begin, int64_t end) {

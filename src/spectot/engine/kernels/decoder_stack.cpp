@@ -42,8 +42,8 @@ namespace layer_ops {
 
 namespace {
 
-const uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
-uint16_t* bits_mut(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+using layer_ops::bits;  // a bf16 tensor's data as raw bits
+using layer_ops::bits_mut;
 
 struct Projection {  // a weight packed by bf16_linear's pack(), its bias in fp32 (or undefined), its widths
   torch::Tensor packed, bias;

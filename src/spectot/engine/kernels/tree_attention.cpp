@@ -656,20 +656,24 @@ int64_t checked_max_len(const int64_t* rp, int64_t N, const int64_t* cols, int64
   return max_len;
 }
 
-// bf16 attention into rows (N, H * D), rounded: ``tree_attention(..., rows_bf16=True)`` over raw pointers (q: H x N x
-// D; kv: the cache, capacity x 2 x H_kv x D; columns checked by checked_max_len), for the native layer loop.
-void attend_bf16_rows(const uint16_t* q, int64_t H, int64_t N, int64_t D, const uint16_t* kv, int64_t H_kv,
-                      const int64_t* cols, const int64_t* rp, int64_t max_len, double scale, bool tiles,
-                      uint16_t* rows) {
-  const Problem<uint16_t> pb{q, kv, cols, rp, nullptr, rows, H, N, H_kv, D, static_cast<float>(scale)};
+// A bf16 problem on the tile unit where the build, the shapes and the OS allow it (``tiles``), else on the lanes.
+void run_bf16(const Problem<uint16_t>& pb, int64_t max_len, bool tiles) {
 #ifdef __AMX_BF16__
-  if (tiles && D % 32 == 0 && H / H_kv <= 16 && amx_permitted()) {
+  if (tiles && pb.D % 32 == 0 && pb.H / pb.H_kv <= 16 && amx_permitted()) {
     run_tiles(pb);
     return;
   }
 #endif
   (void)tiles;
   run(pb, max_len);
+}
+
+// bf16 attention into rows (N, H * D), rounded: ``tree_attention(..., rows_bf16=True)`` over raw pointers (q: H x N x
+// D; kv: the cache, capacity x 2 x H_kv x D; columns checked by checked_max_len), for the native layer loop.
+void attend_bf16_rows(const uint16_t* q, int64_t H, int64_t N, int64_t D, const uint16_t* kv, int64_t H_kv,
+                      const int64_t* cols, const int64_t* rp, int64_t max_len, double scale, bool tiles,
+                      uint16_t* rows) {
+  run_bf16({q, kv, cols, rp, nullptr, rows, H, N, H_kv, D, static_cast<float>(scale)}, max_len, tiles);
 }
 
 // Ask for the cache lines of one attention's keys and values ahead of it (``run``'s tasks and split: each thread
@@ -737,14 +741,7 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor co
   if (q.scalar_type() == torch::kFloat32) {
     run(Problem<float>{q.data_ptr<float>(), kv.data_ptr<float>(), cols, rp, op, nullptr, H, N, H_kv, D, s}, max_len);
   } else {
-    const Problem<uint16_t> pb{bits(q), bits(kv), cols, rp, op, nullptr, H, N, H_kv, D, s};
-#ifdef __AMX_BF16__
-    if (tiles && D % 32 == 0 && H / H_kv <= 16 && amx_permitted()) {
-      run_tiles(pb);
-      return out;
-    }
-#endif
-    run(pb, max_len);
+    run_bf16({bits(q), bits(kv), cols, rp, op, nullptr, H, N, H_kv, D, s}, max_len, tiles);
   }
   return out;
 }
