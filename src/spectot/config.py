@@ -6,8 +6,10 @@ eagerly, with messages that say how to fix the input. No torch import: ``spectot
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Literal, get_args
 
 DType = Literal["bf16", "fp32", "fp16"]
 Method = Literal["ar", "sd"]
@@ -30,6 +32,42 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
     if not values or any(v < 1 for v in values):
         raise ValueError(f"{flag}: every entry must be >= 1, got '{text}'")
     return values
+
+
+def parse_names(text: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'), every name one of ``allowed``."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in names if x not in allowed]
+    if not names or unknown:
+        raise ValueError(f"{flag}: choose from {', '.join(allowed)} (comma-separated), got '{text}'")
+    return names
+
+
+def parse_temperatures(text: str, flag: str) -> tuple[float, ...]:
+    """'0,0.6' -> (0.0, 0.6): finite temperatures >= 0."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated temperatures like 0,0.6, got '{text}'") from None
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise ValueError(f"{flag}: temperatures must be finite and >= 0, got '{text}'")
+    return values
+
+
+def require_finite(**values: float) -> None:
+    """Float flags are parsed by float(), which takes 'inf' and 'nan': refuse them by name."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+
+
+def fresh_output(path: str, flag: str) -> None:
+    """A results file the command empties first must not hold an earlier run's results."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory, expected a file")
+    if out.is_file() and out.stat().st_size:
+        raise ValueError(f"{flag} {path}: already holds results; move it away or choose another file")
 
 
 def parse_specinfer(text: str) -> tuple[int, int]:
@@ -73,8 +111,9 @@ def acceptance_by_temperature(path: str) -> dict[float, list[float]]:
         raise ValueError(f"{path}: bad 'acceptance_by_temperature' ({err})") from None
 
 
-def _checked_acceptance(values: list) -> list[float]:
-    if not values or any(not 0 <= v <= 1 for v in values) or sum(values) > 1 + 1e-6:
+def _checked_acceptance(values: object) -> list[float]:
+    numbers = isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if not numbers or not values or any(not 0 <= v <= 1 for v in values) or sum(values) > 1 + 1e-6:
         raise ValueError(f"acceptance: need probabilities in [0, 1] summing to <= 1, got {values}")
     return [float(v) for v in values]
 
@@ -213,6 +252,13 @@ class DraftOptions:
             parse_specinfer(self.specinfer)
         if self.tree == "sequoia" and not self.acceptance:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
+        if self.tree == "sequoia":
+            parse_acceptance(self.acceptance)
+        if self.tree != "auto" and self.draft in ("none", "ngram"):
+            raise ValueError(
+                f"--tree {self.tree} shapes a draft model's tree; --draft {self.draft} has none (--ngram-width widens "
+                "the n-gram draft)"
+            )
         if self.tree_budget < 1 or self.tree_depth < 0:
             raise ValueError("--tree-budget must be >= 1 and --tree-depth >= 0")
         if not 0 <= self.pct_threshold < 1:
@@ -235,7 +281,8 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:  # also rejects NaN
+        require_finite(temperature=self.temperature)
+        if not self.temperature >= 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"--top-k must be >= 0, got {self.top_k}")
@@ -268,6 +315,10 @@ class GenerateOptions:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.offset < 0 or self.limit < 0:
             raise ValueError("--offset and --limit count prompts: they must be >= 0")
+        if self.prompt is not None and (self.offset or self.limit):
+            raise ValueError("--offset and --limit pick prompts of --prompts FILE; --prompt gives one")
+        if self.out and self.json:
+            raise ValueError("--out FILE writes the JSON lines there; --json prints them instead: pick one")
 
 
 @dataclass(frozen=True)
@@ -279,6 +330,12 @@ class BenchGenerateOptions:
     tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
     prompt_lookup_tokens: int = field(default=10, **opt("transformers prompt_lookup_num_tokens"))
     repeats: int = field(default=1, **opt("timed passes per method (the best is reported)"))
+
+    def __post_init__(self) -> None:
+        counts = ("num_prompts", "max_new_tokens", "tn_max", "prompt_lookup_tokens", "repeats")
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -388,8 +445,22 @@ class TrainDraftOptions:
             raise ValueError(f"need 1 <= --block-min <= --block-max, got {self.block_min}, {self.block_max}")
         if self.layers < 0 or self.head_vocab < 2 or self.top_k < 1 or self.max_len < 2:
             raise ValueError("--layers >= 0, --head-vocab >= 2, --top-k >= 1 and --max-len >= 2 are required")
-        if not (self.lr > 0 and self.epochs > 0 and self.batch_tokens > 0):
-            raise ValueError("--lr, --epochs and --batch-tokens must be positive")
+        require_finite(
+            lr=self.lr, token_lr=self.token_lr, epochs=self.epochs, checkpoint_minutes=self.checkpoint_minutes
+        )
+        if not (self.lr > 0 and self.epochs > 0 and self.batch_tokens > 0 and self.checkpoint_minutes > 0):
+            raise ValueError("--lr, --epochs, --batch-tokens and --checkpoint-minutes must be positive")
+        if self.token_lr < 0:
+            raise ValueError(f"--token-lr must be >= 0 (0: --lr), got {self.token_lr}")
+        for path in self.corpus:  # before the target loads: a typo costs seconds, not minutes
+            if Path(path).is_dir():
+                raise ValueError(f"--corpus {path}: is a directory, expected a JSONL file")
+            if not Path(path).is_file():
+                raise ValueError(f"--corpus {path}: no such file")
+        if not self.resume and (Path(self.out) / "checkpoint.pt").is_file():
+            raise ValueError(
+                f"{self.out} holds a training checkpoint: pass --resume to continue it, or choose another --out"
+            )
         if (self.next_token or self.current_token) and (self.kind != "edd" or not self.hidden_states):
             raise ValueError(
                 "--next-token and --current-token pair the target's hidden states with tokens: they need --kind edd "
@@ -411,8 +482,11 @@ class TreeMeasureOptions:
     out: str = field(default="", **opt("write the JSON here too (default: print only)"))
 
     def __post_init__(self) -> None:
-        if self.width < 1 or self.limit < 1 or self.offset < 0:
-            raise ValueError("--width and --limit must be >= 1, --offset >= 0")
+        if self.width < 1 or self.limit < 1 or self.offset < 0 or self.max_new_tokens < 1:
+            raise ValueError("--width, --limit and --max-new-tokens must be >= 1, --offset >= 0")
+        require_finite(temperature=self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
 
 
 @dataclass(frozen=True)
@@ -420,6 +494,10 @@ class TreeProfileOptions:
     tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
     depths: int = field(default=8, **opt("draft chain depth used to time one draft step"))
     out: str = field(default="", **opt("write the JSON here too (default: print only)"))
+
+    def __post_init__(self) -> None:
+        if self.tn_max < 1 or self.depths < 1:
+            raise ValueError(f"--tn-max and --depths must be >= 1, got {self.tn_max}, {self.depths}")
 
 
 @dataclass(frozen=True)
@@ -448,6 +526,17 @@ class BenchTreesOptions:
     eagle2_tokens: int = field(default=24, **opt("EAGLE-2 tokens kept after reranking"))
     tn_max: int = field(default=64, **opt("largest n of the t(n) curve"))
     out: str = field(default="runs/bench_trees", **opt("output folder (JSON, Markdown, PNG)"))
+
+    def __post_init__(self) -> None:
+        if min(self.gsm8k_prompts, self.cw_prompts, self.cw_offset, self.measure_prompts) < 0:
+            raise ValueError("--gsm8k-prompts, --cw-prompts, --cw-offset and --measure-prompts must be >= 0")
+        if self.gsm8k_prompts + self.cw_prompts == 0 or self.measure_prompts == 0:
+            raise ValueError("bench trees needs prompts to time and --measure-prompts to measure acceptance")
+        sizes = ("measure_width", "max_new_tokens", "chain_k", "sequoia_max_nodes", "sequoia_max_depth")
+        for name in (*sizes, "sequoia_fixed", "eagle2_tokens", "tn_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        parse_temperatures(self.temperatures, "--temperatures")
 
 
 @dataclass(frozen=True)
@@ -494,6 +583,12 @@ class BenchDraftsOptions:
             raise ValueError("--gsm8k-prompts and --cw-prompts count prompts: they must be >= 0")
         if self.gsm8k_prompts + self.cw_prompts == 0:
             raise ValueError("bench drafts needs prompts: --gsm8k-prompts or --cw-prompts above 0")
+        if self.gsm8k_offset < 0 or self.cw_offset < 0 or self.lookup < 0:
+            raise ValueError("--gsm8k-offset, --cw-offset and --lookup must be >= 0")
+        if self.k < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"--k and --max-new-tokens must be >= 1, got {self.k}, {self.max_new_tokens}")
+        if not 0 <= self.pct_threshold < 1:
+            raise ValueError(f"--pct-threshold must be in [0, 1), got {self.pct_threshold}")
 
 
 TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
@@ -510,6 +605,7 @@ EngineName = Literal[
     "continuous-sd",
 ]
 SearchName = Literal["tot-bfs", "rebase", "ets", "rstar", "rest-mcts"]
+TREE_SEARCHES = ("rebase", "ets", "rstar", "rest-mcts")  # over an async backend, with SPEX
 
 
 @dataclass(frozen=True)
@@ -521,7 +617,8 @@ class ThoughtSampling:
     eval_temperature: float = field(default=0.0, **opt("sampling temperature of evaluations (0 = greedy)"))
 
     def __post_init__(self) -> None:
-        if not (self.thought_temperature >= 0 and self.eval_temperature >= 0):  # also rejects NaN
+        require_finite(thought_temperature=self.thought_temperature, eval_temperature=self.eval_temperature)
+        if not (self.thought_temperature >= 0 and self.eval_temperature >= 0):
             raise ValueError("--thought-temperature and --eval-temperature must be >= 0")
         if not 0 < self.thought_top_p <= 1:
             raise ValueError(f"--thought-top-p must be in (0, 1], got {self.thought_top_p}")
@@ -595,6 +692,10 @@ class SolveOptions:
     def __post_init__(self) -> None:
         if self.limit < 0 or self.offset < 0:
             raise ValueError("--limit and --offset must be >= 0")
+        if self.json:
+            fresh_output(self.json, "--json")
+        if self.generations:
+            fresh_output(self.generations, "--generations")
 
 
 @dataclass(frozen=True)
@@ -658,8 +759,16 @@ class TreeSearchOptions:
     def __post_init__(self) -> None:
         if min(self.budget, self.max_children, self.rest_children, self.queries_in_flight, self.min_answers) < 1:
             raise ValueError("--budget, --max-children, --rest-children, --queries-in-flight, --min-answers: >= 1")
+        require_finite(
+            balance_temperature=self.balance_temperature,
+            lambda_kv=self.lambda_kv,
+            lambda_cov=self.lambda_cov,
+            alpha=self.alpha,
+        )
         if self.k_total < 0 or self.lookahead < 0 or self.fill_rows < 0 or self.balance_temperature <= 0:
             raise ValueError("--k-total, --lookahead and --fill-rows must be >= 0, --balance-temperature > 0")
+        if self.lambda_kv < 0 or self.lambda_cov < 0 or self.alpha < 0:
+            raise ValueError("--lambda-kv, --lambda-cov and --alpha must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -680,6 +789,7 @@ class BackendOptions:
     def __post_init__(self) -> None:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("--backend openai needs at least one --base-url (e.g. http://localhost:8000/v1)")
+        require_finite(timeout=self.timeout)
         if self.max_streams < 1 or self.retries < 0 or self.timeout <= 0:
             raise ValueError("--max-streams must be >= 1, --retries >= 0, --timeout > 0")
 
@@ -690,6 +800,12 @@ class ServeOptions:
     port: int = field(default=8000, **opt("port to listen on"))
     method: Literal["ar", "sd"] = field(default="ar", **opt("plain decoding or speculative (needs --draft)"))
     max_streams: int = field(default=64, **opt("most requests decoded together"))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in 0-65535 (0: any free port), got {self.port}")
+        if self.max_streams < 1:
+            raise ValueError(f"--max-streams must be >= 1, got {self.max_streams}")
 
 
 @dataclass(frozen=True)
@@ -723,6 +839,8 @@ class BenchSpexOptions:
             raise ValueError(
                 f"need --chunk >= 0 (0: whole cells) and --problems >= 1, got {self.chunk}, {self.problems}"
             )
+        parse_names(self.searches, "--searches", TREE_SEARCHES)
+        parse_int_list(self.in_flight, "--in-flight")
 
 
 @dataclass(frozen=True)
@@ -734,7 +852,10 @@ class TraceOptions:
 
 @dataclass(frozen=True)
 class BenchTotOptions:
-    tasks: str = field(default="gsm8k", **opt("comma-separated tasks: gsm8k, creative_writing, blocksworld"))
+    tasks: str = field(
+        default="gsm8k",
+        **opt("comma-separated tasks: gsm8k, creative_writing, blocksworld, math500 (its built-in examples)"),
+    )
     gsm8k: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K test jsonl"))
     creative_writing: str = field(
         default="../shared/data/tot_creative_writing/data_100_random_text.txt", **opt("ToT Creative Writing text")
@@ -756,3 +877,38 @@ class BenchTotOptions:
     def __post_init__(self) -> None:
         if self.problems < 1 or self.in_flight < 1:
             raise ValueError("--problems and --in-flight must be >= 1")
+        parse_names(self.tasks, "--tasks", get_args(TaskName))
+        parse_names(self.engines, "--engines", get_args(EngineName))
+
+
+DRAFTLESS_ENGINES = ("ar", "batched-ar", "hf-batched-ar", "continuous-ar")
+
+
+def check_solve(
+    search: SearchOptions, draft: DraftOptions, options: SolveOptions, tree: TreeSearchOptions, backend: BackendOptions
+) -> None:
+    """The combinations of `spectot solve` flags that no one options class sees, refused before a model loads
+    (each would otherwise be ignored in silence or fail after minutes)."""
+    if search.search == "tot-bfs":
+        if backend.backend != "local" or backend.base_url:
+            raise ValueError(
+                "--backend openai / --base-url serve the tree searches (--search rebase, ets, rstar, rest-mcts); "
+                "--search tot-bfs runs on the local level engines (--engine)"
+            )
+        if tree.explore != "none":
+            raise ValueError("--explore spex speculates for --search rebase, ets, rstar or rest-mcts, not tot-bfs")
+        if options.engine not in DRAFTLESS_ENGINES and draft.draft == "none":
+            raise ValueError(
+                f"--engine {options.engine} drafts: pass --draft ngram, edd, vdm or a draft model, or pick an "
+                f"engine without one ({', '.join(DRAFTLESS_ENGINES)})"
+            )
+        if tree.queries_in_flight > 1 and not options.engine.startswith("continuous"):
+            raise ValueError(
+                f"--queries-in-flight {tree.queries_in_flight} with --search tot-bfs needs a continuous engine "
+                f"(continuous-ar, continuous-sd): '{options.engine}' runs one level at a time"
+            )
+        return
+    if options.generations:
+        raise ValueError(f"--generations records --search tot-bfs runs; --search {search.search} does not write it")
+    if backend.backend == "local" and backend.method == "sd" and draft.draft == "none":
+        raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")

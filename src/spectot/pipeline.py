@@ -30,6 +30,15 @@ from spectot.spec.stats import DecodeStats
 from spectot.spec.trees.dynamic import TreeBudget, TreePolicy
 
 
+class PromptError(ValueError):
+    """A prompt that cannot be decoded: ``index`` its place in the call's list, ``fault`` why ("has 9000 tokens; ...")."""
+
+    def __init__(self, index: int, count: int, fault: str) -> None:
+        super().__init__(f"prompt {index + 1} of {count} {fault}")
+        self.index = index
+        self.fault = fault
+
+
 @dataclass
 class Generation:
     prompt: str
@@ -231,10 +240,14 @@ class Pipeline:
             stop=tuple(stop),
             seed=seed,
         )
+        encoded = [self.encode(p) for p in prompts]
+        for i, ids in enumerate(encoded):  # all before any decoding: a bad last prompt costs no finished work
+            if (fault := self.decoder.prompt_fault(ids, config)) is not None:
+                raise PromptError(i, len(prompts), fault)
         results: list[Generation] = []
         for first in range(0, len(prompts), batch_size):
             chunk = prompts[first : first + batch_size]
-            outs = self.decoder.generate([self.encode(p) for p in chunk], config)
+            outs = self.decoder.generate(encoded[first : first + batch_size], config)
             batch = [self._finish(p, out, config.stop) for p, out in zip(chunk, outs)]
             if on_batch is not None:
                 on_batch(batch)

@@ -19,6 +19,7 @@ from spectot.config import BackendOptions, DraftOptions, ModelOptions, SearchOpt
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.search.expansion import NEXT, PRIMARY, ExpansionSampling
 from spectot.search.tree_search import TreeSearchConfig
+from spectot.tasks.base import Problem
 from spectot.tasks.registry import load_problems, make_task
 
 
@@ -118,13 +119,16 @@ def run_tree_solve(
     backend,
     report: Callable[[int, int, dict], None] | None = None,
     close: bool = True,
+    problems: list[Problem] | None = None,
 ) -> TreeSolveRun:
     """Solve ``options.limit`` problems with ``tree.queries_in_flight`` at once; ``report(done, total,
-    record)`` after each; ``close``: close the backend at the end (in the loop that used it)."""
+    record)`` after each; ``close``: close the backend at the end (in the loop that used it). ``problems``:
+    the ones ``options`` names, loaded already (the CLI reads them before the model loads)."""
     if options.generations:
         raise ValueError(f"--generations records --search tot-bfs runs; --search {search.search} does not write it")
     task = make_task(options.task, search.depth, options.prompt_pool)
-    problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
+    if problems is None:
+        problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
     out = Path(options.json) if options.json else None
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,40 @@ def test_prompt_longer_than_the_context_is_refused(capsys, checkpoint) -> None:
     assert "context" in err
 
 
+def test_an_over_long_prompt_late_in_a_file_is_refused_before_any_decoding(capsys, checkpoint, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"q": "w1 w2"}\n{"q": "w3"}\n' + json.dumps({"q": " ".join(["w1"] * 300)}) + "\n")
+    out = tmp_path / "out.jsonl"
+    code, _, err = run(
+        capsys,
+        "generate",
+        "--target",
+        str(checkpoint),
+        "--dtype",
+        "fp32",
+        "--no-chat-template",
+        "--prompts",
+        str(prompts),
+        "--field",
+        "q",
+        "--max-new-tokens",
+        "1800",
+        "--out",
+        str(out),
+    )
+    assert code == 2
+    assert "p.jsonl: prompt 3 has" in err and "context" in err
+    assert not out.exists()  # nothing was decoded, so nothing is lost
+
+
+def test_a_directory_where_a_file_goes_is_an_error_not_a_traceback(capsys, checkpoint, tmp_path) -> None:
+    folder = tmp_path / "prompts.jsonl"
+    folder.mkdir()
+    code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--prompts", str(folder))
+    assert code == 2
+    assert str(folder) in err and "Traceback" not in err
+
+
 def test_models_lists_the_default_alias(capsys) -> None:
     code, out, _ = run(capsys, "models")
     assert code == 0
@@ -131,12 +165,14 @@ def test_no_boolean_flag_is_named_no_something() -> None:
     assert not bad
 
 
-def test_train_draft_ablation_flag_turns_hidden_states_off() -> None:
+def test_train_draft_ablation_flag_turns_hidden_states_off(tmp_path) -> None:
     from spectot.cli.flags import from_flags
     from spectot.cli.main import build_parser
     from spectot.config import TrainDraftOptions
 
-    args = build_parser().parse_args(["train-draft", "--corpus", "x.jsonl", "--no-hidden-states"])
+    corpus = tmp_path / "x.jsonl"
+    corpus.write_text('{"text": "w1 w2"}\n')
+    args = build_parser().parse_args(["train-draft", "--corpus", str(corpus), "--no-hidden-states"])
     assert from_flags(args, TrainDraftOptions).hidden_states is False
 
 

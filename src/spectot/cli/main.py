@@ -32,6 +32,7 @@ from spectot.config import (
     TreeMeasureOptions,
     TreeProfileOptions,
     TreeSequoiaOptions,
+    check_solve,
 )
 
 
@@ -112,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             return _models()
         if args.command == "solve":
+            check_solve(
+                from_flags(args, SearchOptions),
+                from_flags(args, DraftOptions),
+                from_flags(args, SolveOptions),
+                from_flags(args, TreeSearchOptions),
+                from_flags(args, BackendOptions),
+            )
             return _solve(args) if args.search == "tot-bfs" else _tree_solve(args)
         if args.command == "serve":
             return _serve(
@@ -163,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
             run_bench_generate(from_flags(args, ModelOptions), from_flags(args, BenchGenerateOptions))
             return 0
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except OSError as err:  # a missing file, a directory where a file goes, no permission
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"spectot: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError) as err:
         print(f"spectot: error: {err}", file=sys.stderr)
         return 2
     return 1
@@ -204,11 +216,13 @@ def _tree_solve(args: argparse.Namespace) -> int:
 
     from spectot.bench.progress import progress_bar
     from spectot.cli.tables import tree_solve_table
+    from spectot.tasks.registry import load_problems
     from spectot.tree_solve import make_backend, run_tree_solve
 
     model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
     search, options = from_flags(args, SearchOptions), from_flags(args, SolveOptions)
     tree, backend_options = from_flags(args, TreeSearchOptions), from_flags(args, BackendOptions)
+    problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)  # before the model
     backend = make_backend(model, draft, backend_options, tree=tree)
     with progress_bar() as bar:
         task = bar.add_task(f"{options.task} / {search.search} / explore {tree.explore}", total=None)
@@ -220,7 +234,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
                 f"{record['expansions']} expansions, answer {record['answer'][:40]!r}"
             )
 
-        run = run_tree_solve(search, tree, options, backend, report)
+        run = run_tree_solve(search, tree, options, backend, report, problems=problems)
     title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
     Console().print(tree_solve_table(run.summary(), title))
     return 0
@@ -231,6 +245,8 @@ def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> i
     from spectot.pipeline import Pipeline
     from spectot.server.app import serve
 
+    if options.method == "sd" and draft.draft == "none":
+        raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
     backend = LocalEngineBackend.from_pipeline(pipe, options.method, options.max_streams, name=model.target)
     print(f"spectot: serving {model.target} at http://{options.host}:{options.port}/v1", file=sys.stderr)
@@ -267,7 +283,7 @@ def _generate(args: argparse.Namespace) -> int:
     if options.method == "sd" and draft.draft == "none":
         raise ValueError("--method sd needs a draft: --draft ngram or a draft model (or use --method ar)")
     from spectot.data.jsonl import read_field
-    from spectot.pipeline import Pipeline
+    from spectot.pipeline import Pipeline, PromptError
 
     prompts = (
         [options.prompt]
@@ -285,20 +301,25 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"{options.out}: all {done} prompts already done", file=sys.stderr)
             return 0
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
-    outs = pipe.generate(
-        prompts[done:],
-        max_new_tokens=sampling.max_new_tokens,
-        do_sample=sampling.temperature > 0,
-        temperature=sampling.temperature or 1.0,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        method=options.method,
-        num_draft_tokens=draft.num_draft_tokens,
-        stop=sampling.stop,
-        seed=sampling.seed,
-        batch_size=options.batch_size,
-        on_batch=None if options.out is None else _append_outputs(options.out, done, len(prompts)),
-    )
+    try:
+        outs = pipe.generate(
+            prompts[done:],
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=sampling.temperature > 0,
+            temperature=sampling.temperature or 1.0,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            method=options.method,
+            num_draft_tokens=draft.num_draft_tokens,
+            stop=sampling.stop,
+            seed=sampling.seed,
+            batch_size=options.batch_size,
+            on_batch=None if options.out is None else _append_outputs(options.out, done, len(prompts)),
+        )
+    except PromptError as err:  # raised before any decoding: name the prompt in the user's file
+        if options.prompts is None:
+            raise
+        raise ValueError(f"{options.prompts}: prompt {options.offset + done + err.index + 1} {err.fault}") from None
     if options.out:
         return 0
     if options.json:

@@ -143,6 +143,17 @@ class Decoder:
                 active = [s for s in active if s.finish is None]
         return session.results()
 
+    def prompt_fault(self, prompt: Sequence[int], config: DecodeConfig) -> str | None:
+        """Why ``prompt`` cannot be decoded under ``config`` ("has 9000 tokens; ..."), or None when it can."""
+        if not prompt:
+            return "has no tokens"
+        if len(prompt) + config.max_new_tokens > self.runner.max_context:
+            return (
+                f"has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the model's "
+                f"context of {self.runner.max_context} tokens"
+            )
+        return None
+
     def session(
         self, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None = None
     ) -> DecodeSession:
@@ -189,11 +200,8 @@ class DecodeSession:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
-            if len(p) + config.max_new_tokens > self.runner.max_context:
-                raise ValueError(
-                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the "
-                    f"model's context of {self.runner.max_context} tokens"
-                )
+            if (fault := self.decoder.prompt_fault(p, config)) is not None:
+                raise ValueError(f"prompt {i} {fault}")
         if seeds is None:  # independent per-stream seeds drawn from the call's seed
             seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
         first, self._next_key = self._next_key, self._next_key + len(prompts)

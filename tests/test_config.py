@@ -1,0 +1,120 @@
+"""Typed options refuse impossible or conflicting flags up front, naming the flag (no model is loaded here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from spectot.config import (
+    BackendOptions,
+    BenchDraftsOptions,
+    BenchSpexOptions,
+    BenchTotOptions,
+    BenchTreesOptions,
+    DraftOptions,
+    GenerateOptions,
+    SamplingOptions,
+    SearchOptions,
+    ServeOptions,
+    SolveOptions,
+    TrainDraftOptions,
+    TreeMeasureOptions,
+    TreeSearchOptions,
+    check_solve,
+    parse_acceptance,
+)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: SamplingOptions(temperature=float("inf")), "--temperature must be a finite"),
+        (lambda: SearchOptions(thought_temperature=float("nan")), "--thought-temperature must be a finite"),
+        (lambda: TreeSearchOptions(alpha=float("inf")), "--alpha must be a finite"),
+        (lambda: TreeSearchOptions(lambda_kv=-1.0), "--lambda-kv"),
+        (lambda: BackendOptions(timeout=float("nan")), "--timeout must be a finite"),
+        (lambda: DraftOptions(draft="ngram", tree="pct"), "--draft ngram has none"),
+        (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="garbage"), "neither a file"),
+        (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="0.9,0.9"), "summing to <= 1"),
+        (lambda: GenerateOptions(prompt="hi", limit=5), "--offset and --limit pick prompts"),
+        (lambda: GenerateOptions(prompts="p.jsonl", out="o.jsonl", json=True), "pick one"),
+        (lambda: BenchTotOptions(tasks="gsm8k,bogus"), "--tasks: choose from"),
+        (lambda: BenchTotOptions(engines="ar,warp"), "--engines: choose from"),
+        (lambda: BenchSpexOptions(searches="tot-bfs"), "--searches: choose from"),
+        (lambda: BenchSpexOptions(in_flight="1,0"), "--in-flight"),
+        (lambda: BenchTreesOptions(temperatures="0,hot"), "--temperatures"),
+        (lambda: BenchTreesOptions(chain_k=0), "--chain-k"),
+        (lambda: BenchDraftsOptions(k=0), "--k and --max-new-tokens"),
+        (lambda: BenchDraftsOptions(lookup=-1), "--lookup"),
+        (lambda: TreeMeasureOptions(temperature=-1.0), "--temperature"),
+        (lambda: ServeOptions(port=70000), "--port"),
+        (lambda: ServeOptions(max_streams=0), "--max-streams"),
+        (lambda: TrainDraftOptions(corpus=("c.jsonl",), token_lr=-1.0), "--token-lr"),
+        (lambda: TrainDraftOptions(corpus=("c.jsonl",), epochs=float("inf")), "--epochs must be a finite"),
+    ],
+)
+def test_impossible_flags_are_refused_by_name(make, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("+", r"\+")):
+        make()
+
+
+def test_acceptance_file_with_non_numbers_is_a_clear_error(tmp_path: Path) -> None:
+    for values in (["0.5", "0.2"], [True, False], 0.5):
+        path = tmp_path / "acceptance.json"
+        path.write_text(json.dumps({"acceptance": values}))
+        with pytest.raises(ValueError, match="probabilities"):
+            parse_acceptance(str(path))
+
+
+def test_train_draft_checks_its_corpus_and_output_before_loading_anything(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is a directory"):
+        TrainDraftOptions(corpus=(str(tmp_path),), out=str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="no such file"):
+        TrainDraftOptions(corpus=(str(tmp_path / "missing.jsonl"),), out=str(tmp_path / "out"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "w1 w2"}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"an earlier job")
+    with pytest.raises(ValueError, match="pass --resume"):
+        TrainDraftOptions(corpus=(str(corpus),), out=str(out))
+    assert TrainDraftOptions(corpus=(str(corpus),), out=str(out), resume=True).resume
+
+
+def test_solve_does_not_empty_an_earlier_runs_results(tmp_path: Path) -> None:
+    earlier = tmp_path / "run.jsonl"
+    earlier.write_text('{"id": "gsm8k-0"}\n')
+    with pytest.raises(ValueError, match="already holds results"):
+        SolveOptions(json=str(earlier))
+    with pytest.raises(ValueError, match="already holds results"):
+        SolveOptions(generations=str(earlier))
+    with pytest.raises(ValueError, match="is a directory"):
+        SolveOptions(json=str(tmp_path))
+    assert SolveOptions(json=str(tmp_path / "new.jsonl")).json  # a new file (or an empty one) is fine
+
+
+@pytest.mark.parametrize(
+    ("search", "draft", "solve", "tree", "backend", "message"),
+    [
+        ("tot-bfs", "ngram", {}, {}, {"backend": "openai", "base_url": ("http://h/v1",)}, "--backend openai"),
+        ("tot-bfs", "ngram", {}, {"explore": "spex"}, {}, "--explore spex"),
+        ("tot-bfs", "none", {"engine": "seed-batched"}, {}, {}, "--engine seed-batched drafts"),
+        ("tot-bfs", "ngram", {"engine": "seed"}, {"queries_in_flight": 4}, {}, "needs a continuous engine"),
+        ("rebase", "ngram", {"generations": ""}, {}, {"method": "sd"}, None),
+        ("rebase", "none", {}, {}, {"method": "sd"}, "--method sd decodes with a draft"),
+    ],
+)
+def test_solve_flag_combinations(search, draft, solve, tree, backend, message, tmp_path: Path) -> None:
+    options = (
+        SearchOptions(search=search),
+        DraftOptions(draft=draft),
+        SolveOptions(**solve),
+        TreeSearchOptions(**tree),
+        BackendOptions(**backend),
+    )
+    if message is None:
+        check_solve(*options)
+        return
+    with pytest.raises(ValueError, match=message):
+        check_solve(*options)
