@@ -254,7 +254,7 @@ class DraftOptions:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
         if self.tree == "sequoia":
             parse_acceptance(self.acceptance)
-        if self.tree != "auto" and self.draft in ("none", "ngram"):
+        if self.tree not in ("auto", "chain") and self.draft in ("none", "ngram"):
             raise ValueError(
                 f"--tree {self.tree} shapes a draft model's tree; --draft {self.draft} has none (--ngram-width widens "
                 "the n-gram draft)"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spectot.data.jsonl import DataError, iter_jsonl, read_field
+from spectot.data.jsonl import DataError, iter_jsonl, read_field, resume_outputs
 
 
 def write(tmp_path: Path, *lines: str, name: str = "data.jsonl") -> Path:
@@ -71,3 +71,30 @@ def test_limit_stops_before_later_bad_lines(tmp_path) -> None:
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(DataError, match="no such file"):
         read_field(tmp_path / "absent.jsonl", "q")
+
+
+def test_line_that_is_not_utf8_is_named(tmp_path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"q": "a"}\n{"q": "b"}\n{"q": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl:3: not UTF-8 \(byte 0xe9"):
+        read_field(path, "q")
+    assert read_field(path, "q", limit=2) == ["a", "b"]
+
+
+def test_byte_order_mark_before_the_first_line_is_accepted(tmp_path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes('{"q": "a"}\r\n{"q": "b"}\r\n'.encode("utf-8-sig"))
+    assert list(iter_jsonl(path)) == [(1, {"q": "a"}), (2, {"q": "b"})]
+
+
+def test_directory_is_named_as_one(tmp_path) -> None:
+    with pytest.raises(DataError, match="is a directory, expected a file"):
+        read_field(tmp_path, "q")
+
+
+def test_resume_outputs_names_a_line_that_is_not_utf8(tmp_path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"out\.jsonl:2: not an output line of this job"):
+        resume_outputs(path, ["a", "b"])
+    assert path.read_bytes() == b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n'  # nothing touched

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import json
+import logging
 import math
 
 import pytest
@@ -80,7 +81,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         json.dumps({"token_ids": [1, "a"]}),  # 7: not an integer
         json.dumps({"token_ids": [1, -2]}),  # 8: negative
         json.dumps([1, 2, 3]),  # 9: not an object
-        json.dumps({"token_ids": [5]}),  # 10: too short to train on, skipped silently
+        json.dumps({"token_ids": [5]}),  # 10: too short to train on, dropped with a warning
         json.dumps({"token_ids": [9, 8, 7]}),  # 11: engine output without prompt_ids
         json.dumps({"prompt_ids": list(range(10, 17)), "token_ids": [20, 21, 22]}),  # 12: keeps its last 8
     ]
@@ -126,6 +127,60 @@ def test_read_corpus_of_only_bad_lines_raises(tmp_path) -> None:
 def test_read_corpus_missing_file(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_corpus([str(tmp_path / "none.jsonl")], encode_chat, encode_text, 10)
+
+
+def test_read_corpus_refuses_wrong_types_and_ids_outside_the_vocabulary(tmp_path) -> None:
+    lines = [
+        json.dumps({"token_ids": [1, 2, 3]}),  # 1: fine
+        json.dumps({"token_ids": [True, False, 3]}),  # 2: bools are not token ids
+        json.dumps({"token_ids": [1, 99999999]}),  # 3: tokenized for a larger vocabulary
+        json.dumps({"token_ids": [1.0, 2.0]}),  # 4: floats
+        json.dumps({"question": None, "answer": None}),  # 5: would train on "NoneNone"
+        json.dumps({"question": "q", "answer": 7}),  # 6
+        json.dumps({"text": ["a", "b"]}),  # 7
+        json.dumps({"question": "q"}),  # 8: no answer: the question alone, as before
+        json.dumps({"token_ids": [63, 0]}),  # 9: the last id of a 64-token vocabulary
+    ]
+    path = write_lines(tmp_path / "c.jsonl", lines)
+    sequences, issues = read_corpus([path], encode_chat, encode_text, 100, vocab_size=64)
+    assert sequences == [[1, 2, 3], encode_chat("q"), [63, 0]]
+    assert [(i.line, i.reason.split(":")[0]) for i in issues] == [
+        (2, "ValueError"),
+        (3, "ValueError"),
+        (4, "ValueError"),
+        (5, "TypeError"),
+        (6, "TypeError"),
+        (7, "TypeError"),
+    ]
+    assert "99999999 is outside the target's vocabulary of 64" in issues[1].reason
+    assert "'question' must be a string, got NoneType" in issues[3].reason
+    assert read_corpus([path], encode_chat, encode_text, 100)[0][1] == [1, 99999999]  # no size: no range check
+
+
+def test_read_corpus_warns_about_lines_too_short_to_train_on(tmp_path, caplog) -> None:
+    lines = [json.dumps({"text": "ab"})] + [json.dumps({"text": t}) for t in ["", "x", "", "y", "z", "w", "v"]]
+    path = write_lines(tmp_path / "short.jsonl", lines)
+    with caplog.at_level(logging.WARNING, logger="spectot.train.draft"):
+        sequences, issues = read_corpus([path], encode_chat, encode_text, 10)
+    assert sequences == [encode_text("ab")] and issues == []
+    [record] = caplog.records
+    assert record.getMessage() == f"{path}: 7 line(s) of fewer than 2 tokens dropped (lines 2, 3, 4, 5, 6, ...)"
+    with pytest.raises(DataError, match=r"0 malformed, 7 too short"):
+        read_corpus([write_lines(tmp_path / "all_short.jsonl", lines[1:])], encode_chat, encode_text, 10)
+
+
+def test_read_corpus_reports_a_line_that_is_not_utf8_and_reads_on(tmp_path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"text": "ok"}\n'.encode("utf-8-sig") + b'{"text": "caf\xe9"}\n{"text": "on"}\n')
+    sequences, issues = read_corpus([str(path)], encode_chat, encode_text, 10)
+    assert sequences == [encode_text("ok"), encode_text("on")]  # a BOM before line 1 is no issue
+    assert [(i.line, i.reason.split(":")[0]) for i in issues] == [(2, "DataError")]
+    assert "not UTF-8 (byte 0xe9" in issues[0].reason
+
+
+def test_read_corpus_directory_is_named_as_one(tmp_path) -> None:
+    with pytest.raises(DataError, match="is a directory, expected a file"):
+        read_corpus([str(tmp_path)], encode_chat, encode_text, 10)
 
 
 # -- 2. features -----------------------------------------------------------------------------------

@@ -42,10 +42,10 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
         torch.set_num_threads(model_opts.threads)
-    pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
-    wanted = opts.gsm8k_offset + opts.gsm8k_prompts
+    wanted = opts.gsm8k_offset + opts.gsm8k_prompts  # the data is read before the model loads: a bad line costs seconds
     questions = read_field(opts.gsm8k, "question", wanted)[opts.gsm8k_offset :] if opts.gsm8k_prompts else []
     inputs = read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts) if opts.cw_prompts else []
+    pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
     texts = questions + [cot_prompt(s) for s in inputs]
     prompts = [pipe.encode(t) for t in texts]
     methods = _methods(opts)

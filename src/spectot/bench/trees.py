@@ -63,12 +63,12 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
         torch.set_num_threads(model_opts.threads)
-    pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
-    questions = read_field(opts.gsm8k, "question", opts.gsm8k_prompts + opts.measure_prompts)
+    questions = read_field(opts.gsm8k, "question", opts.gsm8k_prompts + opts.measure_prompts)  # before the model
     texts = questions[: opts.gsm8k_prompts] + [
         cot_prompt(s)
         for s in (read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts) if opts.cw_prompts else [])
     ]
+    pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
     prompts = [pipe.encode(t) for t in texts]
     measure_prompts = [pipe.encode(q) for q in questions[opts.gsm8k_prompts :]]
     config_key = {**asdict(opts), **asdict(model_opts), "draft": draft_opts.draft}

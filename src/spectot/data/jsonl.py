@@ -12,22 +12,47 @@ class DataError(ValueError):
     """A data file that cannot be read as promised; the message names the file and line."""
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, object) for each non-blank line; raise DataError on a malformed one."""
+def decode_line(path: str | Path, number: int, raw: bytes) -> str:
+    """Line ``number`` of ``path`` as text, its line ending removed. A BOM before line 1 is dropped
+    (editors on Windows write one); bytes that are not UTF-8 are a DataError naming the line, since
+    the bare UnicodeDecodeError names neither file nor line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}:{number}: not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line); "
+            "save the file as UTF-8"
+        ) from None
+    if number == 1:
+        text = text.removeprefix("\ufeff")
+    return text.rstrip("\r\n")
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, text) for every line of a UTF-8 text file; DataError when the file
+    is absent, a directory, or has a line that is not UTF-8."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a file")
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-            yield number, obj
+    with path.open("rb") as f:  # bytes: a decoding error then belongs to exactly one line
+        for number, raw in enumerate(f, start=1):
+            yield number, decode_line(path, number, raw)
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, object) for each non-blank line; raise DataError on a malformed one."""
+    for number, line in iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        yield number, obj
 
 
 def read_field(path: str | Path, field: str, limit: int = 0) -> list[str]:
@@ -59,7 +84,7 @@ def resume_outputs(path: str | Path, prompts: list[str]) -> int:
     for number, line in enumerate(complete, start=1):
         try:
             prompt = json.loads(line).get("prompt")
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             raise DataError(f"{path}:{number}: not an output line of this job; use another output file") from None
         if number > len(prompts) or prompt != prompts[number - 1]:
             raise DataError(

@@ -7,10 +7,11 @@ because models were evaluated with exactly this text.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
-from spectot.data.jsonl import DataError
+from spectot.data.jsonl import DataError, iter_lines
 from spectot.tasks.base import Problem, State, StepRequest, Task
 
 COT_PROMPT = (
@@ -19,23 +20,47 @@ COT_PROMPT = (
     "Passage:\nYour passage here."
 )
 
+logger = logging.getLogger(__name__)
+
 
 def read_inputs(path: str | Path, offset: int = 0, limit: int = 0) -> list[str]:
-    """Lines ``offset``, ``offset + 1``, ... (``limit`` of them, 0 = all) of a ToT text file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    lines = path.read_text(encoding="utf-8").split("\n")
+    """Lines ``offset + 1``, ``offset + 2``, ... (``limit`` non-blank ones, 0 = all) of a ToT text file."""
+    return [line for _, line in read_numbered_inputs(path, offset, limit)]
+
+
+def read_numbered_inputs(path: str | Path, offset: int = 0, limit: int = 0) -> list[tuple[int, str]]:
+    """(physical line number, line) of the non-blank lines after the first ``offset`` lines; each must
+    hold the four sentences of a ToT input (DataError naming file:line otherwise)."""
     picked = []
-    for number, line in enumerate(lines, start=1):
-        if number <= offset:
+    for number, line in iter_lines(path):
+        if number <= offset or not line.strip():
             continue
-        if not line.strip():
-            continue
-        picked.append(line)
+        _check_sentences(path, number, line)
+        picked.append((number, line))
         if limit and len(picked) == limit:
             break
     return picked
+
+
+# An unterminated sentence runs into the next one: "...bachelorette party You realize...". The ToT
+# file itself has four such lines, which split into 3 sentences; they are kept, with a warning.
+_RUN_ON = re.compile(r"[a-z] (?!I\b)[A-Z]")
+
+
+def _check_sentences(path: str | Path, number: int, line: str) -> None:
+    """Refuse a line that is not a ToT input: graded against the wrong sentences, it would score silently."""
+    found = len(required_sentences(line))
+    if found == 3 and _RUN_ON.search(line):
+        logger.warning(
+            "%s:%d: 3 sentences end in punctuation; one seems unterminated and is graded joined to the next",
+            path,
+            number,
+        )
+    elif found != 4:
+        raise DataError(
+            f"{path}:{number}: expected the 4 sentences of a Creative Writing input (each ending in . ! or ?), "
+            f"found {found}"
+        )
 
 
 def cot_prompt(sentences: str) -> str:
@@ -117,5 +142,6 @@ def _norm(text: str) -> str:
 
 
 def load_problems(path: str | Path, limit: int = 0, offset: int = 0) -> list[Problem]:
-    lines = read_inputs(path, offset, limit)
-    return [Problem(f"line-{offset + i + 1}", line, required_sentences(line)) for i, line in enumerate(lines)]
+    """One problem per non-blank input line, its id ``line-N`` from its physical line number N."""
+    lines = read_numbered_inputs(path, offset, limit)
+    return [Problem(f"line-{number}", line, required_sentences(line)) for number, line in lines]

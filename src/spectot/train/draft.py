@@ -6,7 +6,7 @@ Three resumable stages, each shows progress through the ``report`` callback:
    ``token_ids``, what ``spectot generate --json`` prints and ``spectot solve --generations`` writes:
    the target's own generations; cut to their last ``max_len`` tokens), a
    question/answer pair (GSM8K: chat-templated question + answer, calculator annotations removed) or ``{"text": ...}``. A line that
-   does not parse is reported with its number and skipped.
+   does not parse is reported with its number and skipped; one too short to train on is dropped with a warning.
 2. features: the frozen target runs every sequence once (spectot's engine, the dtype the draft will
    be used with, so training sees the hidden states inference sees) and stores, per token, the
    hidden state of the chosen layer and the target's top-``top_k`` next-token probabilities. Shards
@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from spectot.data.jsonl import DataError
+from spectot.data.jsonl import DataError, decode_line
 
 logger = logging.getLogger(__name__)
 
@@ -49,42 +49,79 @@ class CorpusIssue:
 
 # -- 1. corpus ---------------------------------------------------------------------------------
 def read_corpus(
-    paths: Sequence[str], encode_chat: Callable[[str], list[int]], encode_text: Callable[[str], list[int]], max_len: int
+    paths: Sequence[str],
+    encode_chat: Callable[[str], list[int]],
+    encode_text: Callable[[str], list[int]],
+    max_len: int,
+    vocab_size: int | None = None,
 ) -> tuple[list[list[int]], list[CorpusIssue]]:
-    """Token sequences of every usable line (cut to ``max_len``) and the lines that were skipped."""
-    sequences, issues = [], []
+    """Token sequences of every usable line (cut to ``max_len``) and the lines that were skipped.
+
+    ``vocab_size`` (the target's) range-checks token ids: a corpus tokenized for another model is
+    caught here, not as an index error deep in feature extraction. Lines of fewer than 2 tokens
+    (nothing to predict) are dropped with a warning.
+    """
+    sequences, issues, dropped = [], [], 0
     for path in paths:
+        if Path(path).is_dir():
+            raise DataError(f"corpus {path} is a directory, expected a file")
         if not Path(path).is_file():
             raise FileNotFoundError(f"corpus file {path} does not exist")
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
+        short = []
+        with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one issue, not the end of the file
+            for number, raw in enumerate(f, start=1):
                 try:
-                    ids, generated = _line_tokens(json.loads(line), encode_chat, encode_text)
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                    line = decode_line(path, number, raw)
+                    if not line.strip():
+                        continue
+                    ids, generated = _line_tokens(json.loads(line), encode_chat, encode_text, vocab_size)
+                except (DataError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
                     issues.append(CorpusIssue(path, number, f"{type(err).__name__}: {err}"))
                     continue
-                if len(ids) >= 2:  # a generation keeps its end: the tokens the target wrote and what precedes them
-                    sequences.append(ids[-max_len:] if generated else ids[:max_len])
+                if len(ids) < 2:
+                    short.append(number)
+                    continue
+                # a generation keeps its end: the tokens the target wrote and what precedes them
+                sequences.append(ids[-max_len:] if generated else ids[:max_len])
+        dropped += len(short)
+        if short:
+            lines = ", ".join(map(str, short[:5])) + (", ..." if len(short) > 5 else "")
+            logger.warning("%s: %d line(s) of fewer than 2 tokens dropped (lines %s)", path, len(short), lines)
     if not sequences:
-        raise DataError(f"no usable lines in {', '.join(paths)} ({len(issues)} malformed)")
+        raise DataError(f"no usable lines in {', '.join(paths)} ({len(issues)} malformed, {dropped} too short)")
     return sequences, issues
 
 
-def _line_tokens(record: Any, encode_chat: Callable, encode_text: Callable) -> tuple[list[int], bool]:
+def _line_tokens(
+    record: Any, encode_chat: Callable, encode_text: Callable, vocab_size: int | None
+) -> tuple[list[int], bool]:
     """The line's token ids, and whether they are an engine's generation (prompt + token ids)."""
     if not isinstance(record, dict):
         raise TypeError("expected a JSON object")
     if "token_ids" in record:
         ids = list(record.get("prompt_ids", [])) + list(record["token_ids"])
-        if not all(isinstance(t, int) and t >= 0 for t in ids):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError("prompt_ids/token_ids must be non-negative integers")
+        if vocab_size is not None and ids and max(ids) >= vocab_size:
+            raise ValueError(
+                f"token id {max(ids)} is outside the target's vocabulary of {vocab_size}; "
+                "was this corpus tokenized for another model?"
+            )
         return ids, True
     if "question" in record:  # GSM8K: drop the calculator annotations <<48/2=24>>, which models do not write
-        answer = re.sub(r"<<[^>]*>>", "", str(record.get("answer", "")))
-        return encode_chat(str(record["question"])) + encode_text(answer), False
-    return encode_text(str(record["text"])), False
+        question, answer = _string(record, "question"), _string(record, "answer", default="")
+        return encode_chat(question) + encode_text(re.sub(r"<<[^>]*>>", "", answer)), False
+    return encode_text(_string(record, "text")), False
+
+
+def _string(record: dict, field: str, default: str | None = None) -> str:
+    """A text field, refused unless a string: str() would train on "None" or "[1, 2]"."""
+    if field not in record and default is not None:
+        return default
+    value = record[field]
+    if not isinstance(value, str):
+        raise TypeError(f"'{field}' must be a string, got {type(value).__name__}")
+    return value
 
 
 def token_counts(sequences: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:

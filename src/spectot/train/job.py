@@ -68,7 +68,11 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         "top_k": options.top_k,
         "max_len": options.max_len,
     }
-    corpora = [(path, *read_corpus([path], encode_chat, encode_text, options.max_len)) for path in options.corpus]
+    vocab = int(target.model.config.vocab_size)
+    corpora = [
+        (path, *read_corpus([path], encode_chat, encode_text, options.max_len, vocab_size=vocab))
+        for path in options.corpus
+    ]
     sequences = [ids for _, file_sequences, _ in corpora for ids in file_sequences]
     issues = [issue for _, _, file_issues in corpora for issue in file_issues]
     for issue in issues:
@@ -87,7 +91,6 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     del runner
 
     kind = options.kind
-    vocab = int(target.model.config.vocab_size)
     master = target.model.float()  # the draft trains in fp32; embedding and head are the target's
     if init_folder:
         draft = DraftDecoder.load(
