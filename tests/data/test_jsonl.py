@@ -98,3 +98,14 @@ def test_resume_outputs_names_a_line_that_is_not_utf8(tmp_path) -> None:
     with pytest.raises(DataError, match=r"out\.jsonl:2: not an output line of this job"):
         resume_outputs(path, ["a", "b"])
     assert path.read_bytes() == b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n'  # nothing touched
+
+
+def test_read_text_names_the_line_that_is_not_utf8(tmp_path) -> None:
+    from spectot.data.jsonl import read_text
+
+    path = tmp_path / "domain.pddl"
+    path.write_bytes(b"\xef\xbb\xbf(define (domain blocks)\r\n  (:requirements :strips)\n caf\xe9)\n")
+    with pytest.raises(DataError, match=r"domain.pddl:3: not UTF-8"):
+        read_text(path)
+    path.write_bytes(b"\xef\xbb\xbf(define\r\n x)\n")
+    assert read_text(path) == "(define\n x)"

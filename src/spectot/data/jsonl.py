@@ -41,6 +41,11 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             yield number, decode_line(path, number, raw)
 
 
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 text file (YAML, JSON, PDDL), with iter_lines' errors: a byte that is not UTF-8 is named by line."""
+    return "\n".join(line for _, line in iter_lines(path))
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, object) for each non-blank line; raise DataError on a malformed one."""
     for number, line in iter_lines(path):

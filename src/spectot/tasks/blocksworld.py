@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from spectot.data.jsonl import DataError, iter_jsonl
+from spectot.data.jsonl import DataError, iter_jsonl, read_text
 from spectot.tasks.base import Problem, State, StepRequest, Task
 
 Atom = tuple[str, ...]  # ("on", "c", "d"): the predicate, then its blocks
@@ -145,7 +145,7 @@ def read_config(path: str | Path) -> BlocksConfig:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(read_text(path))
     except yaml.YAMLError as err:
         raise DataError(f"{path}: not valid YAML ({err})") from None
     actions, predicates, objects = (_string_map(raw, key, path) for key in ("actions", "predicates", "encoded_objects"))
@@ -254,7 +254,7 @@ def read_instance(path: str | Path) -> Instance:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    return parse_instance(path.read_text(encoding="utf-8"), str(path))
+    return parse_instance(read_text(path), str(path))
 
 
 def instance_to_pddl(instance: Instance) -> str:
@@ -524,7 +524,7 @@ def _load_json_list(path: Path, limit: int, config: BlocksConfig) -> list[Proble
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        entries = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     if not isinstance(entries, list):
@@ -722,7 +722,7 @@ def read_prompt_pool(path: str | Path) -> PromptPool:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in ("intro", "self-eval")):
