@@ -5,7 +5,8 @@
   autoregressively (``draft_priority=0``);
 - logprobs are the target's log-probabilities of the emitted tokens;
 - streamed pieces join to the completion's text and stop strings never leak into them;
-- cancelling the awaiting task abandons the request and later requests still complete.
+- cancelling the awaiting task abandons the request and later requests still complete;
+- a prompt's token count is the ids the model is fed, a BOS the tokenizer adds included.
 """
 
 from __future__ import annotations
@@ -110,3 +111,20 @@ def test_cancelled_task_abandons_its_request(pipe) -> None:
     assert backend.engine.counters.cancelled + backend.engine.counters.finished >= 1
     pipe.decoder.prefix_cache.clear()
     assert pipe.runner.cache.used == 0  # nothing held outside the prefix cache
+
+
+def test_prompt_token_count_is_what_the_model_is_fed(tiny_checkpoint) -> None:
+    """With a tokenizer that puts a BOS before text (Llama's, Mistral's), a completion prompt is fed with it, a
+    rendered chat (which starts with its own) and a chat message through the template are not doubled."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.chat_template = "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+    backend = LocalEngineBackend(engine=None, tokenizer=tokenizer)  # counting needs no engine
+    for prompt, chat in [("w5 w6", False), ("<s> w5 w6", False), ("w5 w6", True)]:
+        fed = backend.encode(CompletionRequest(prompt, chat=chat))
+        assert backend.count_prompt_tokens(prompt, chat) == len(fed)
+    assert backend.encode(CompletionRequest("w5 w6")) == [1, 9, 10]
+    assert backend.count_tokens("w5 w6") == 2  # bare text, as a completion's is counted

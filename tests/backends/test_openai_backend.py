@@ -1,20 +1,30 @@
 """``OpenAIBackend`` over loopback against spectot's own server on a fake slow backend, and against tiny apps
-that fail on purpose: load balancing, retries (503, 429, connection refused) and none on 400, cancellation
-reaching the server, streaming, parameters and model discovery."""
+that fail on purpose: load balancing, retries (503, 429, 408, connection refused; on another server, and none
+to a server found down) and none on 400, a read timeout or an aborted generation, a host that never answers
+costing the connect timeout only, cancellation reaching the server, streaming, parameters and model discovery."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Sequence
 
+import httpx
+import openai
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from spectot.backends.base import Completion, CompletionRequest
-from spectot.backends.openai import OpenAIBackend, OpenAIBackendError, backoff_seconds
+from spectot.backends.openai import (
+    MAX_RETRY_AFTER,
+    OpenAIBackend,
+    OpenAIBackendError,
+    backoff_seconds,
+    retry_after_seconds,
+)
 from spectot.server.app import BackgroundServer, create_app
 
 
@@ -170,7 +180,7 @@ def test_requests_spread_over_two_servers() -> None:
     assert [len(f.requests) for f in fakes] == [5, 5]
 
 
-@pytest.mark.parametrize("status", [503, 429, 500])
+@pytest.mark.parametrize("status", [503, 429, 500, 408])
 def test_a_transient_failure_is_retried(status) -> None:
     calls: list[int] = []
 
@@ -282,3 +292,146 @@ def test_stream_pieces_and_closing_a_stream_early() -> None:
     with BackgroundServer(create_app(fake)) as server:
         asyncio.run(scenario(server.url))
     assert fake.requests[1].chat
+
+
+def unused_url() -> str:
+    """A localhost URL nobody listens on: connecting is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_a_server_found_down_is_skipped_for_a_while() -> None:
+    """With [dead, dead, live] and one retry, the first request may spend both attempts on the dead servers; from
+    then on both are known down and every request goes to the live one at once."""
+    fake = SlowBackend()
+    outcomes: list[str | None] = []
+
+    async def scenario(urls: list[str]) -> None:
+        async with quick(OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=1)) as backend:
+            for _ in range(4):
+                try:
+                    outcomes.append((await backend.complete(REQUEST)).text)
+                except OpenAIBackendError:
+                    outcomes.append(None)
+
+    with BackgroundServer(create_app(fake)) as server:
+        asyncio.run(scenario([unused_url(), unused_url(), server.url]))
+    assert outcomes[1:] == ["a b c"] * 3
+    assert len(fake.requests) == outcomes.count("a b c")
+
+
+def test_a_retry_goes_to_another_server() -> None:
+    """The failing server has fewer requests outstanding than the busy live one, yet the retry goes elsewhere."""
+    fake = SlowBackend(delay=0.5)
+    calls: list[int] = []
+
+    async def scenario(urls: list[str]) -> None:
+        async with quick(OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=1)) as backend:
+            busy = asyncio.create_task(backend.complete(REQUEST))  # to the live server: it comes first
+            await wait_until(lambda: fake.live == 1)
+            assert (await backend.complete(REQUEST)).text == "a b c"  # 503 there, then the live server
+            assert (await busy).text == "a b c"
+
+    with BackgroundServer(create_app(fake)) as live, BackgroundServer(scripted_app([503], calls)) as failing:
+        asyncio.run(scenario([live.url, failing.url]))
+    assert calls == [503]
+    assert len(fake.requests) == 2
+
+
+def test_a_host_that_never_answers_costs_the_connect_timeout_only() -> None:
+    """A listener whose backlog is full drops new connections unanswered (as a blackholed host does): the
+    request moves on to the live server after ``connect_timeout``, not after the read ``timeout``."""
+    fake = SlowBackend()
+    with socket.socket() as blackhole, socket.socket() as filler:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(0)
+        filler.connect(blackhole.getsockname())  # the one queued connection: later ones hang
+
+        async def scenario(urls: list[str]) -> str:
+            backend = OpenAIBackend.from_urls(urls, model="fake-model", timeout=60, max_retries=1, connect_timeout=0.2)
+            async with quick(backend):
+                return (await asyncio.wait_for(backend.complete(REQUEST), timeout=20)).text
+
+        with BackgroundServer(create_app(fake)) as server:
+            host, port = blackhole.getsockname()
+            assert asyncio.run(scenario([f"http://{host}:{port}", server.url])) == "a b c"
+
+
+def slow_app(seconds: float, calls: list[int]) -> FastAPI:
+    """An app whose /v1/completions takes ``seconds`` before it answers."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions() -> JSONResponse:
+        calls.append(200)
+        await asyncio.sleep(seconds)
+        return JSONResponse({})
+
+    return app
+
+
+def test_a_read_timeout_is_not_retried() -> None:
+    """The server may still be generating: a retry would only add to its work."""
+    calls: list[int] = []
+
+    async def scenario(url: str) -> None:
+        async with quick(OpenAIBackend.from_urls([url], model="m", timeout=0.3, max_retries=3)) as backend:
+            with pytest.raises(OpenAIBackendError, match="timed out reading"):
+                await backend.complete(REQUEST)
+
+    with BackgroundServer(slow_app(1.0, calls)) as server:
+        asyncio.run(scenario(server.url))
+    assert calls == [200]
+
+
+def aborting_app() -> FastAPI:
+    """An app whose generations end with vLLM's finish reason "abort", streamed or not."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        head = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m"}
+        if (await request.json()).get("stream"):
+            pieces = [("par", None), ("", "abort")]
+            events = [
+                {**head, "choices": [{"index": 0, "text": t, "logprobs": None, "finish_reason": r}]} for t, r in pieces
+            ]
+            body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            return StreamingResponse(iter([body]), media_type="text/event-stream")
+        choice = {"index": 0, "text": "par", "logprobs": None, "finish_reason": "abort"}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        return JSONResponse({**head, "choices": [choice], "usage": usage})
+
+    return app
+
+
+def test_an_aborted_generation_is_an_error_not_a_finished_text() -> None:
+    pieces: list[str] = []
+
+    async def scenario(url: str) -> None:
+        async with OpenAIBackend.from_urls([url], model="m", timeout=10, max_retries=0) as backend:
+            with pytest.raises(OpenAIBackendError, match="aborted the generation"):
+                await backend.complete(REQUEST)
+            with pytest.raises(OpenAIBackendError, match="aborted the generation"):
+                async for piece in backend.stream(REQUEST):
+                    pieces.append(piece)
+
+    with BackgroundServer(aborting_app()) as server:
+        asyncio.run(scenario(server.url))
+    assert pieces == ["par"]
+
+
+def status_error(status: int, headers: dict[str, str]) -> openai.APIStatusError:
+    response = httpx.Response(status, headers=headers, request=httpx.Request("POST", "http://x/v1/completions"))
+    return openai.APIStatusError("scripted", response=response, body=None)
+
+
+def test_retry_after_is_read_on_429_and_503_only() -> None:
+    assert retry_after_seconds(status_error(503, {"retry-after": "2"})) == 2.0
+    assert retry_after_seconds(status_error(429, {"Retry-After": "0.5"})) == 0.5
+    assert retry_after_seconds(status_error(429, {"retry-after": "86400"})) == MAX_RETRY_AFTER
+    assert retry_after_seconds(status_error(503, {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) is None
+    assert retry_after_seconds(status_error(503, {"retry-after": "nan"})) is None
+    assert retry_after_seconds(status_error(503, {})) is None
+    assert retry_after_seconds(status_error(500, {"retry-after": "2"})) is None

@@ -5,7 +5,8 @@
 - sampled: a request's tokens depend only on its seed, not on what shares its forwards;
 - a cancelled request is dropped and its KV freed; priorities decide admission, and a request moved to
   another priority takes its new place (in the queue, and in getting drafts under ``draft_priority``); a bad
-  request fails alone.
+  request (too long, a seed torch refuses, a listener that raises) fails alone, and once a whole step fails
+  the engine refuses new work instead of queueing it forever.
 """
 
 from __future__ import annotations
@@ -262,3 +263,55 @@ def test_edd_requests_prefilled_in_chunks_get_every_prompt_tokens_hidden_state(t
     assert chunked == 3 and none == 0
     assert tokens == want_tokens
     assert torch.allclose(torch.tensor(confidences), torch.tensor(want_confidences), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [2**64, 1.5])
+def test_a_seed_torch_refuses_fails_alone(tiny_llama, seed) -> None:
+    """A request whose admission raises (torch refuses the seed: ValueError past 2**64 - 1 here, RuntimeError in
+    some torch versions and for a non-integer) fails its own future; the worker serves the next request."""
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())))
+    try:
+        bad = engine.submit([3, 4], DecodeConfig(max_new_tokens=4), seed)
+        with pytest.raises((ValueError, RuntimeError)):
+            bad.result(timeout=60)
+        good = engine.submit([3, 4], DecodeConfig(max_new_tokens=4), 0)
+        assert len(good.result(timeout=60).token_ids) == 4
+    finally:
+        engine.close()
+
+
+def test_a_failing_listener_fails_its_request_alone(tiny_llama) -> None:
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())))
+
+    def broken(ids: list[int]) -> None:
+        raise RuntimeError("the caller's loop is closed")
+
+    try:
+        bad = engine.submit([3, 4], DecodeConfig(max_new_tokens=8), 0, listener=broken)
+        good = engine.submit([5, 6], DecodeConfig(max_new_tokens=8), 1)
+        with pytest.raises(RuntimeError, match="loop is closed"):
+            bad.result(timeout=60)
+        assert len(good.result(timeout=60).token_ids) == 8
+        assert len(engine.submit([7], DecodeConfig(max_new_tokens=2), 2).result(timeout=60).token_ids) == 2
+    finally:
+        engine.close()
+    engine.decoder.prefix_cache.clear()
+    assert engine.decoder.runner.cache.used == 0  # the dropped request's KV was released
+
+
+def test_a_stopped_engine_refuses_new_work_at_once(tiny_llama) -> None:
+    """A step that fails as a whole (here the tree budget) fails the requests it held and ends the worker; from
+    then on submit() raises instead of queueing work nothing will run."""
+
+    def broken_budget(streams: int, sampling: SamplingParams):
+        raise RuntimeError("no tree for you")
+
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), budget=broken_budget)
+    try:
+        held = engine.submit([3, 4], DecodeConfig(max_new_tokens=4), 0)
+        with pytest.raises(RuntimeError, match="no tree for you"):
+            held.result(timeout=60)
+        with pytest.raises(RuntimeError, match="engine stopped.*no tree for you"):
+            engine.submit([3, 4], DecodeConfig(max_new_tokens=4), 0)
+    finally:
+        engine.close()

@@ -29,9 +29,9 @@ class FakeBackend:
     max_context = 32
     natural_length = 5
 
-    def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
+    def __init__(self, delay: float = 0.0, error: Exception | None = None) -> None:
         self.delay = delay  # seconds per completion / per streamed word
-        self.fail = fail
+        self.error = error  # raised by every generation (after its delay)
         self.requests: list[CompletionRequest] = []
         self.live = 0
         self.max_live = 0
@@ -58,8 +58,8 @@ class FakeBackend:
             raise
         finally:
             self.live -= 1
-        if self.fail:
-            raise RuntimeError("the engine fell over")
+        if self.error is not None:
+            raise self.error
         words = self.words(request)
         return Completion(
             text=" ".join(words),
@@ -76,8 +76,8 @@ class FakeBackend:
         try:
             for k, word in enumerate(words):
                 await asyncio.sleep(self.delay)
-                if self.fail:
-                    raise RuntimeError("the engine fell over")
+                if self.error is not None:
+                    raise self.error
                 yield word if k == 0 else " " + word
             finished = True
         finally:
@@ -235,6 +235,16 @@ LONG = " ".join(["w"] * 30)
         ("completions", {"prompt": "a", "top_p": 0}, 400, "top_p", "greater than 0"),
         ("completions", {"prompt": "a", "n": 0}, 400, "n", "greater than or equal to 1"),
         ("completions", {"prompt": "a", "stop": [1]}, 400, "stop", "valid string"),
+        ("completions", {"prompt": "a", "stop": [""]}, 400, "stop", "at least 1 character"),
+        ("completions", {"prompt": "a", "stop": ["x", ""]}, 400, "stop", "at least 1 character"),
+        ("completions", {"prompt": "a", "stop": ""}, 400, "stop", "at least 1 character"),
+        ("completions", {"prompt": ""}, 400, "prompt", "at least 1 character"),
+        ("completions", {"prompt": ["a", ""]}, 400, "prompt", "prompt.list[constrained-str].1: String should have"),
+        ("completions", {"prompt": []}, 400, "prompt", "at least 1 item"),
+        ("completions", {"prompt": "a", "seed": 2**64}, 400, "seed", "less than or equal to 9223372036854775807"),
+        ("completions", {"prompt": "a", "seed": -(2**63) - 1}, 400, "seed", "greater than or equal to"),
+        ("completions", {"prompt": "a", "seed": 2**63 - 1, "n": 2}, 400, "seed", "seed + n - 1 must be at most"),
+        ("completions", {"prompt": None}, 400, "prompt", "valid string"),
         ("completions", {"prompt": "a", "model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
         ("completions", {"prompt": LONG, "max_tokens": 8}, 400, "prompt", "maximum context length is 32 tokens"),
         ("completions", {"prompt": LONG + " " + LONG}, 400, "prompt", "maximum context length is 32 tokens"),
@@ -284,6 +294,56 @@ def test_bad_requests_get_openai_error_bodies(client, fake, path, body, status, 
     assert fake.requests == []  # nothing reached the backend
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"prompt":"a","temperature":Infinity}',
+        '{"prompt":"a","top_p":NaN}',
+        '{"prompt":"a","seed":0,"frequency_penalty":-Infinity}',
+        '{"messages":[{"role":"user","content":"hi"}],"temperature":NaN}',
+    ],
+)
+def test_non_finite_numbers_are_refused(client, fake, raw) -> None:
+    """Python's JSON parser reads Infinity and NaN; they are no sampling parameters."""
+    path = "/v1/chat/completions" if "messages" in raw else "/v1/completions"
+    response = client.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert "finite number" in response.json()["error"]["message"]
+    assert fake.requests == []
+
+
+def test_null_means_the_default(client, fake) -> None:
+    """The official client sends explicit nulls for parameters left unset: each means the field's default."""
+    nulls = dict.fromkeys(["temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "seed"])
+    response = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "echo": None, **nulls})
+    assert response.status_code == 200, response.text
+    chat = {"messages": USER, "max_tokens": 2, "logprobs": None, "stream_options": {"include_usage": None}, **nulls}
+    response = client.post("/v1/chat/completions", json=chat)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["logprobs"] is None
+    for request in fake.requests:
+        assert (request.temperature, request.top_p, request.seed) == (1.0, 1.0, None)
+    assert len(fake.requests) == 2  # n: 1, stream: false
+
+
+def test_the_largest_seed_is_taken(client, fake) -> None:
+    body = {"prompt": "a", "max_tokens": 1, "seed": 2**63 - 2, "n": 2}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert [r.seed for r in fake.requests] == [2**63 - 2, 2**63 - 1]
+
+
+def test_a_request_the_backend_finds_at_fault_is_a_400() -> None:
+    """A ValueError from the backend (the engine refusing a prompt) is the request's fault, streamed or not."""
+    client = TestClient(create_app(FakeBackend(error=ValueError("prompt 0 has no tokens"))))
+    response = client.post("/v1/completions", json={"prompt": "a"})
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert response.json()["error"]["message"] == "prompt 0 has no tokens"
+    events = sse_events(stream_lines(client, "/v1/completions", {"prompt": "a", "stream": True}))
+    assert events[-1]["error"]["type"] == "invalid_request_error"
+    assert events[-1]["error"]["message"] == "prompt 0 has no tokens"
+
+
 def test_context_and_unsupported_errors_have_codes(client) -> None:
     error = client.post("/v1/completions", json={"prompt": LONG, "max_tokens": 8}).json()["error"]
     assert error["code"] == "context_length_exceeded"
@@ -306,7 +366,7 @@ def test_malformed_json_and_unknown_routes(client) -> None:
 
 
 def test_backend_failure_is_a_500_with_an_error_body() -> None:
-    client = TestClient(create_app(FakeBackend(fail=True)))
+    client = TestClient(create_app(FakeBackend(error=RuntimeError("the engine fell over"))))
     response = client.post("/v1/completions", json={"prompt": "a"})
     assert response.status_code == 500
     assert response.json()["error"]["type"] == "server_error"
@@ -422,6 +482,31 @@ def tiny(tiny_llama):
     with BackgroundServer(create_app(backend)) as server:
         yield server, reference
     asyncio.run(backend.aclose())
+
+
+def test_e2e_the_context_check_counts_the_bos_the_tokenizer_adds(tiny_llama) -> None:
+    """A completion without max_tokens fills the rest of the context: with a tokenizer that puts a BOS before
+    the prompt (Llama's, Mistral's), the engine gets one token more than the text has, and the budget leaves
+    room for it (else the engine refuses the request)."""
+    from tokenizers.processors import TemplateProcessing
+
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.engine.runner import ModelRunner
+    from spectot.schedulers.continuous import ContinuousEngine
+    from spectot.spec.decoding import Decoder
+
+    tokenizer = word_tokenizer()
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama(0), max_context=16)))
+    try:
+        client = TestClient(create_app(LocalEngineBackend(engine, tokenizer, max_context=16)))
+        response = client.post("/v1/completions", json={"prompt": "w1 w2 w3", "temperature": 0})
+    finally:
+        engine.close()
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] == 4  # the BOS included
+    assert usage["total_tokens"] <= 16
 
 
 def finish(generation) -> str:

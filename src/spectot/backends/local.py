@@ -114,11 +114,16 @@ class LocalEngineBackend:
 
     # -- text <-> tokens ---------------------------------------------------------------------------
     def encode(self, request: CompletionRequest) -> list[int]:
-        if request.chat:
-            return self.render_ids([{"role": "user", "content": request.prompt}])
+        return self.prompt_ids(request.prompt, request.chat)
+
+    def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
+        """The ids the model is fed for a prompt: a lone user message through the chat template, else the text
+        with the tokenizer's special tokens (a BOS) unless it starts with its own (a rendered chat)."""
+        if chat:
+            return self.render_ids([{"role": "user", "content": prompt}])
         bos = self.tokenizer.bos_token
-        rendered = bos is not None and request.prompt.startswith(bos)  # a rendered chat carries its own BOS
-        return list(self.tokenizer(request.prompt, add_special_tokens=not rendered)["input_ids"])
+        rendered = bos is not None and prompt.startswith(bos)
+        return list(self.tokenizer(prompt, add_special_tokens=not rendered)["input_ids"])
 
     def render_ids(self, messages: Sequence[dict]) -> list[int]:
         if self.tokenizer.chat_template is None:  # a base model: the messages' text, one per line
@@ -134,7 +139,12 @@ class LocalEngineBackend:
             return "\n".join(m["content"] for m in messages)
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
 
+    def count_prompt_tokens(self, prompt: str, chat: bool) -> int:
+        """The prompt's length as a context check must count it: the ids ``encode`` feeds the model."""
+        return len(self.prompt_ids(prompt, chat))
+
     def count_tokens(self, text: str) -> int:
+        """Tokens of bare text (a completion's), no special tokens added."""
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _decode(self, ids: list[int]) -> str:

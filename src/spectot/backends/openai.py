@@ -3,19 +3,23 @@
 ``OpenAIBackend`` sends each ``CompletionRequest`` to ``/v1/completions`` (``/v1/chat/completions`` when
 ``request.chat``) with the official ``openai`` client. With several servers, each request goes to the one with
 the fewest requests outstanding from this backend (ties: round-robin), so a search's many concurrent requests
-spread evenly.
+spread evenly; a server that could not be reached is skipped for ``cooldown`` seconds while another is up.
 
-Failures: connection errors, timeouts, 5xx and 429 are retried with exponential backoff (each retry may go to
-another server); any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with the
-server's message. Cancellation: cancelling the awaiting task closes the HTTP connection mid-request (httpx
-closes a connection whose response was not read to the end), which is what makes vLLM and ``spectot serve``
-abort the generation; ``stream()`` closes its response when the consumer stops early.
+Failures: connection errors (connect timeouts included), 408, 429 and 5xx are retried with exponential backoff,
+or after the server's ``Retry-After`` (capped at ``MAX_RETRY_AFTER``), each retry on another server than the one
+that just failed when there is one. A read timeout is not retried: the server may still be generating, and a
+retry would double its work. Any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with
+the server's message, as does a generation the server aborted (vLLM's finish reason "abort"). Cancellation:
+cancelling the awaiting task closes the HTTP connection mid-request (httpx closes a connection whose response
+was not read to the end), which is what makes vLLM and ``spectot serve`` abort the generation; ``stream()``
+closes its response when the consumer stops early.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -28,6 +32,8 @@ from spectot.backends.base import Completion, CompletionRequest, FinishReason
 
 logger = logging.getLogger(__name__)
 
+MAX_RETRY_AFTER = 60.0  # seconds: the longest a server's Retry-After makes a retry wait
+
 
 class OpenAIBackendError(RuntimeError):
     """A request the server refused (4xx), or one that still failed after every retry."""
@@ -38,19 +44,27 @@ class OpenAIBackendError(RuntimeError):
         self.url = url
 
 
-@dataclass
+@dataclass(eq=False)
 class _Server:
     url: str
     client: openai.AsyncOpenAI
     outstanding: int = 0  # requests this backend has in flight there
+    down_until: float = 0.0  # time.monotonic() before which it counts as unreachable
+
+
+def is_read_timeout(exc: BaseException) -> bool:
+    """The server took the request but answered too slowly (it may still be generating). Read by name: the
+    ``openai`` client raises it from ``httpx`` or ``httpx2``'s ``ReadTimeout``, depending on its version."""
+    return isinstance(exc, openai.APITimeoutError) and type(exc.__cause__).__name__ == "ReadTimeout"
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Connection errors (timeouts included), 429 and 5xx may pass; other statuses are the request's fault."""
+    """Connection errors, 408, 429 and 5xx may pass; a read timeout (the work may still be running) and other
+    statuses (the request's fault) do not."""
     if isinstance(exc, openai.APIConnectionError):
-        return True
+        return not is_read_timeout(exc)
     if isinstance(exc, openai.APIStatusError):
-        return exc.status_code == 429 or exc.status_code >= 500
+        return exc.status_code in (408, 429) or exc.status_code >= 500
     return False
 
 
@@ -59,8 +73,25 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     return random.uniform(0.0, min(cap, base * 2**attempt))
 
 
-def finish_reason(reason: str | None) -> FinishReason:
-    """OpenAI's finish reasons mapped onto ours: only "length" is a budget cut, anything else ended the text."""
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """The wait a 429 or 503 asks for in its ``Retry-After`` header (seconds, at most ``MAX_RETRY_AFTER``); None
+    when it asks for none (or gives an HTTP date, which is not read)."""
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code not in (429, 503):
+        return None
+    try:
+        seconds = float(exc.response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
+
+
+def finish_reason(reason: str | None, url: str = "") -> FinishReason:
+    """OpenAI's finish reasons mapped onto ours: only "length" is a budget cut, anything else ended the text.
+
+    vLLM's "abort" (the server gave the generation up: shutdown, preemption) is no ending: it raises
+    ``OpenAIBackendError`` (``url``: the server's, for the message)."""
+    if reason == "abort":
+        raise OpenAIBackendError(f"{url or 'the server'} aborted the generation", None, url)
     return "length" if reason == "length" else "stop"
 
 
@@ -75,6 +106,7 @@ class OpenAIBackend:
         backoff: float = 0.5,
         max_backoff: float = 8.0,
         forward_priority: bool = False,
+        cooldown: float = 10.0,
     ) -> None:
         if not servers:
             raise ValueError("OpenAIBackend needs at least one server URL")
@@ -89,6 +121,7 @@ class OpenAIBackend:
         self.max_backoff = max_backoff
         # vLLM refuses a nonzero ``priority`` unless started with --scheduling-policy priority.
         self.forward_priority = forward_priority
+        self.cooldown = cooldown  # seconds a server that could not be reached is skipped (while another is up)
 
     @classmethod
     def from_urls(
@@ -98,17 +131,20 @@ class OpenAIBackend:
         timeout: float = 600.0,
         max_retries: int = 3,
         api_key: str = "EMPTY",
+        connect_timeout: float = 10.0,
     ) -> OpenAIBackend:
         """One client per base URL (``http://host:port/v1``; a URL without ``/v1`` gets it appended).
 
-        ``timeout`` bounds each wait on a server (connecting, and each read: for a non-streamed request, the
-        whole generation). The client's own retries are off: this backend retries, possibly on another server.
+        ``timeout`` bounds each wait on a server (each read: for a non-streamed request, the whole generation);
+        connecting gets at most ``connect_timeout``, so a host that drops packets costs seconds, not a generation's
+        time. The client's own retries are off: this backend retries, possibly on another server.
         """
+        limits = openai.Timeout(timeout, connect=min(timeout, connect_timeout))
         servers = []
         for url in urls:
             base = url.rstrip("/")
             base = base if base.endswith("/v1") else base + "/v1"
-            servers.append((base, openai.AsyncOpenAI(base_url=base, api_key=api_key, timeout=timeout, max_retries=0)))
+            servers.append((base, openai.AsyncOpenAI(base_url=base, api_key=api_key, timeout=limits, max_retries=0)))
         return cls(servers, model=model, max_retries=max_retries)
 
     @property
@@ -128,8 +164,9 @@ class OpenAIBackend:
         start = time.perf_counter()
         model = await self.model()
         kwargs = self._arguments(request, model, stream=False)
+        failed: _Server | None = None
         for attempt in range(self.max_retries + 1):
-            server = self._pick()
+            server = self._pick(avoid=failed)
             server.outstanding += 1
             try:
                 if request.chat:
@@ -138,18 +175,23 @@ class OpenAIBackend:
                     response = await server.client.completions.create(**kwargs)
             except openai.APIError as exc:
                 await self._after_failure(exc, server, attempt)
+                failed = server
                 continue
             finally:
                 server.outstanding -= 1
-            return self._completion(response, request.chat, time.perf_counter() - start)
+            server.down_until = 0.0
+            return self._completion(response, request.chat, time.perf_counter() - start, server.url)
         raise AssertionError("unreachable: the last failed attempt raises")
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        """The text in pieces as the server sends them; retried only until the first piece arrives."""
+        """The text in pieces as the server sends them. Opening the response is retried as ``complete`` is; once
+        it is open, a broken stream (or one the server aborts) raises ``OpenAIBackendError``: the pieces already
+        yielded cannot be taken back."""
         model = await self.model()
         kwargs = self._arguments(request, model, stream=True)
+        failed: _Server | None = None
         for attempt in range(self.max_retries + 1):
-            server = self._pick()
+            server = self._pick(avoid=failed)
             server.outstanding += 1
             try:
                 if request.chat:
@@ -161,10 +203,12 @@ class OpenAIBackend:
                 if not isinstance(exc, openai.APIError):
                     raise
                 await self._after_failure(exc, server, attempt)
+                failed = server
                 continue
+            server.down_until = 0.0
             try:
                 async for chunk in chunks:
-                    piece = _chunk_text(chunk, request.chat)
+                    piece = _chunk_text(chunk, request.chat, server.url)
                     if piece:
                         yield piece
                 return
@@ -210,27 +254,43 @@ class OpenAIBackend:
                 )
         return self._model
 
-    def _pick(self) -> _Server:
-        """The server with the fewest outstanding requests; among ties, the next one after the last pick."""
+    def _pick(self, avoid: _Server | None = None) -> _Server:
+        """The server with the fewest outstanding requests among those up (all, when none is) other than ``avoid``
+        (the one that just failed, unless it is the only choice); among ties, the next one after the last pick."""
+        now = time.monotonic()
+        choices = [s for s in self._servers if s.down_until <= now] or self._servers
+        choices = [s for s in choices if s is not avoid] or choices
+        fewest = min(s.outstanding for s in choices)
         count = len(self._servers)
-        fewest = min(s.outstanding for s in self._servers)
         for step in range(count):
             index = (self._next + step) % count
-            if self._servers[index].outstanding == fewest:
+            server = self._servers[index]
+            if server.outstanding == fewest and any(server is s for s in choices):
                 self._next = (index + 1) % count
-                return self._servers[index]
-        raise AssertionError("unreachable: some server has the fewest requests")
+                return server
+        raise AssertionError("unreachable: some choice has the fewest requests")
 
     async def _after_failure(self, exc: openai.APIError, server: _Server, attempt: int) -> None:
-        """Raise ``OpenAIBackendError`` if ``exc`` is final; otherwise wait out the backoff before the retry."""
+        """Raise ``OpenAIBackendError`` if ``exc`` is final; otherwise mark an unreachable server down and wait out
+        the backoff (or the server's Retry-After) before the retry."""
         status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
+        if is_read_timeout(exc):
+            raise OpenAIBackendError(
+                f"{server.url} timed out reading the response (not retried: it may still be generating)",
+                None,
+                server.url,
+            ) from exc
         if not is_retryable(exc):
             raise OpenAIBackendError(f"{server.url} refused the request: {exc.message}", status, server.url) from exc
+        if isinstance(exc, openai.APIConnectionError):
+            server.down_until = time.monotonic() + self.cooldown
         if attempt >= self.max_retries:
             raise OpenAIBackendError(
                 f"{server.url} failed after {attempt + 1} attempts: {exc.message}", status, server.url
             ) from exc
-        delay = backoff_seconds(attempt, self.backoff, self.max_backoff)
+        delay = retry_after_seconds(exc)
+        if delay is None:
+            delay = backoff_seconds(attempt, self.backoff, self.max_backoff)
         logger.warning("%s: %s; retry %d/%d in %.2f s", server.url, exc.message, attempt + 1, self.max_retries, delay)
         await asyncio.sleep(delay)
 
@@ -259,7 +319,7 @@ class OpenAIBackend:
         return kwargs
 
     @staticmethod
-    def _completion(response: Any, chat: bool, seconds: float) -> Completion:
+    def _completion(response: Any, chat: bool, seconds: float, url: str) -> Completion:
         choice = response.choices[0]
         logprobs: list[float] = []
         if chat:
@@ -273,7 +333,7 @@ class OpenAIBackend:
         usage = response.usage
         return Completion(
             text=text,
-            finish_reason=finish_reason(choice.finish_reason),
+            finish_reason=finish_reason(choice.finish_reason, url),
             prompt_tokens=usage.prompt_tokens if usage is not None else 0,
             completion_tokens=usage.completion_tokens if usage is not None else 0,
             logprobs=logprobs,
@@ -281,8 +341,10 @@ class OpenAIBackend:
         )
 
 
-def _chunk_text(chunk: Any, chat: bool) -> str:
+def _chunk_text(chunk: Any, chat: bool, url: str) -> str:
     if not chunk.choices:
         return ""  # a usage-only chunk
     choice = chunk.choices[0]
+    if choice.finish_reason is not None:
+        finish_reason(choice.finish_reason, url)  # raises for an aborted generation
     return (choice.delta.content or "") if chat else (choice.text or "")

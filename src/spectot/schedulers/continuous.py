@@ -83,6 +83,7 @@ class ContinuousEngine:
         self._order = itertools.count()
         self._wake = threading.Condition()
         self._closed = False
+        self._failure: BaseException | None = None  # what ended the worker, if a step failed: submit() refuses work
         release_thread_pool()  # the worker takes over the model: its OpenMP pool must be the only one
         self._thread = threading.Thread(target=self._loop, name="spectot-engine", daemon=True)
         self._thread.start()
@@ -95,12 +96,16 @@ class ContinuousEngine:
         listener: TokenListener | None = None,
         priority: int = 0,
     ) -> Future[StreamResult]:
-        """Queue one generation; cancel the returned future to abandon it (its KV is freed at the next step)."""
-        if self._closed:
-            raise RuntimeError("the engine is closed")
+        """Queue one generation; cancel the returned future to abandon it (its KV is freed at the next step).
+
+        Raises ``RuntimeError`` at once when the engine is closed or its worker has stopped (nothing would run it)."""
         future: Future[StreamResult] = Future()
         request = _Request(priority, next(self._order), list(prompt), config, seed, future, listener)
         with self._wake:
+            if self._failure is not None:
+                raise RuntimeError(f"the engine stopped after a failed step: {self._failure!r}") from self._failure
+            if self._closed:
+                raise RuntimeError("the engine is closed")
             heapq.heappush(self._waiting, request)
             self._requests[future] = request
             self._wake.notify()
@@ -142,7 +147,10 @@ class ContinuousEngine:
                     self._execute(session, live, streams, admitted)
             except BaseException as error:  # a failed step fails every request it held, not the process
                 log.exception("engine step failed")
-                for request in [*live.values(), *self._drain()]:
+                with self._wake:  # under the lock: a request submitted from now on is refused, none is stranded
+                    self._failure = error
+                    waiting = self._drain()
+                for request in [*live.values(), *waiting]:
                     _fail(request.future, error)
 
     def _schedule(self, live: dict[int, _Request]) -> list[_Request] | None:
@@ -175,7 +183,7 @@ class ContinuousEngine:
         for request in admitted:
             try:
                 [s] = session.add([request.prompt], request.config, [request.seed])
-            except ValueError as error:  # a bad request (too long, no draft for sd) fails alone
+            except Exception as error:  # a bad request (too long, no draft for sd, a seed torch refuses) fails alone
                 _fail(request.future, error)
                 continue
             live[s.key], streams[s.key] = request, s
@@ -237,7 +245,14 @@ class ContinuousEngine:
         for s in touched:
             request = live[s.key]
             if request.listener is not None and len(s.generated) > before[s.key]:
-                request.listener(s.generated[before[s.key] :])
+                try:
+                    request.listener(s.generated[before[s.key] :])
+                except Exception as error:  # the caller's hook (its event loop closed, ...) fails its request alone
+                    log.warning("a token listener failed: dropping its request", exc_info=True)
+                    _fail(request.future, error)
+                    session.release(streams.pop(s.key))
+                    del live[s.key]
+                    continue
             if s.finish is not None:
                 result = session.result(s)
                 session.release(s)

@@ -7,11 +7,15 @@ with ``seed + j`` when a seed is given; all requests, from all clients, are simp
 backend batches them. A client that disconnects cancels its generations.
 
 Bad requests get OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid or
-unsupported parameters (pydantic's validation errors included, as vLLM does), 404 for an unknown model.
+unsupported parameters (pydantic's validation errors included, as vLLM does; an explicit ``null`` means the
+field's default, as in OpenAI's API), and for a ``ValueError`` the backend raises over a request (its fault:
+an empty or too long prompt, ...), 404 for an unknown model, 500 for any other failure of the backend.
 
 Backends may offer, beyond the protocol: ``render_chat(messages) -> str`` (the chat template applied, so any
 conversation can be served; without it, only a single user message, passed on with ``chat=True``),
-``count_tokens(text) -> int`` and ``max_context`` (prompt-length checks and streamed usage).
+``count_prompt_tokens(prompt, chat) -> int`` (the tokens the model is fed for a request's prompt, special tokens
+such as a BOS included), ``count_tokens(text) -> int`` (text alone: the prompt count of a backend without
+``count_prompt_tokens``, and streamed usage) and ``max_context`` (prompt-length checks).
 
 Streaming caveat: ``AsyncBackend.stream`` yields text only, so a streamed choice's ``finish_reason`` and token
 counts are re-derived from its text with ``count_tokens`` ("length" when the text has ``max_tokens`` tokens);
@@ -30,12 +34,24 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
@@ -43,6 +59,7 @@ from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default, used when the backend's context length is unknown
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as vLLM takes (torch refuses seeds past 2**64 - 1)
 
 
 # -- errors ------------------------------------------------------------------------------------------------------
@@ -77,11 +94,33 @@ def validation_error(exc: RequestValidationError) -> ApiError:
 
 
 # -- request bodies ----------------------------------------------------------------------------------------------
-class StreamOptions(BaseModel):
+NonEmptyStr = Annotated[str, StringConstraints(strict=True, min_length=1)]
+
+
+class OpenAIBody(BaseModel):
+    """A request body as OpenAI's API reads it: ``null`` is the field's default (the official client sends nulls),
+    and JSON's non-standard Infinity and NaN (which Python's parser accepts) are no numbers."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def null_means_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            key: value
+            for key, value in data.items()
+            if value is not None or key not in fields or fields[key].is_required() or fields[key].default is None
+        }
+
+
+class StreamOptions(OpenAIBody):
     include_usage: StrictBool = False
 
 
-class SamplingBody(BaseModel):
+class SamplingBody(OpenAIBody):
     """What completions and chat completions share; unknown fields are ignored, as vLLM does."""
 
     model: StrictStr | None = None  # None: the served model
@@ -89,13 +128,22 @@ class SamplingBody(BaseModel):
     temperature: StrictFloat = Field(1.0, ge=0.0)
     top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
     n: StrictInt = Field(1, ge=1, le=128)
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None  # "" would match at once: every output empty
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: StrictFloat = 0.0
     frequency_penalty: StrictFloat = 0.0
     logit_bias: dict[str, StrictFloat] | None = None
+
+    @field_validator("seed")
+    @classmethod
+    def every_choice_seed_fits(cls, seed: int | None, info: ValidationInfo) -> int | None:
+        """The j-th of ``n`` choices is seeded ``seed + j``: the last one must fit in 64 bits too."""
+        n = info.data.get("n")
+        if seed is not None and n is not None and seed + n - 1 > SEED_MAX:
+            raise ValueError(f"seed + n - 1 must be at most {SEED_MAX} (choice j is seeded seed + j): lower the seed")
+        return seed
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -113,7 +161,8 @@ class SamplingBody(BaseModel):
 
 
 class CompletionBody(SamplingBody):
-    prompt: StrictStr | list[StrictStr] = Field(min_length=1)  # a list is a batch of prompts (not token ids)
+    # a list is a batch of prompts (not token ids); an empty prompt gives the model nothing to continue
+    prompt: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)]
     logprobs: StrictInt | None = Field(None, ge=0, le=5)
     echo: StrictBool = False
     best_of: StrictInt | None = Field(None, ge=1)
@@ -184,16 +233,27 @@ def check_model(backend: AsyncBackend, model: str | None) -> None:
         raise ApiError(404, message, "model", "model_not_found")
 
 
-def token_budget(backend: AsyncBackend, seen: str | None, max_tokens: int | None, field: str) -> tuple[int | None, int]:
-    """(prompt tokens, max_tokens to ask for) of one prompt, checked against the backend's context length.
-
-    ``seen`` is the prompt as the model sees it (None when unknown: then nothing is checked); without
-    ``max_tokens`` the completion may fill the rest of the context (vLLM's default), or 16 tokens when the
-    context length is unknown.
-    """
+def prompt_tokens(backend: AsyncBackend, prompt: str, chat: bool, seen: str | None) -> int | None:
+    """The tokens the model is fed for the request ``(prompt, chat)``: the backend's own count where it offers one
+    (``count_prompt_tokens``: a BOS its tokenizer adds included), else ``count_tokens`` of ``seen``, the prompt as
+    the model sees it; None when neither is known."""
+    exact: Callable[[str, bool], int] | None = getattr(backend, "count_prompt_tokens", None)
+    if exact is not None:
+        return exact(prompt, chat)
     count: Callable[[str], int] | None = getattr(backend, "count_tokens", None)
+    return count(seen) if count is not None and seen is not None else None
+
+
+def token_budget(
+    backend: AsyncBackend, tokens: int | None, max_tokens: int | None, field: str
+) -> tuple[int | None, int]:
+    """(prompt tokens, max_tokens to ask for) of one prompt of ``tokens`` tokens, checked against the backend's
+    context length.
+
+    With ``tokens`` None (unknown) nothing is checked; without ``max_tokens`` the completion may fill the rest of
+    the context (vLLM's default), or 16 tokens when the context length is unknown.
+    """
     max_context: int | None = getattr(backend, "max_context", None)
-    tokens = count(seen) if count is not None and seen is not None else None
     if tokens is None or max_context is None:
         return tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     budget = max_tokens if max_tokens is not None else max(1, max_context - tokens)
@@ -236,7 +296,7 @@ def plan(
 
 def plan_completion(backend: AsyncBackend, body: CompletionBody) -> Plan:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    budgets = [token_budget(backend, p, body.max_tokens, "prompt") for p in prompts]
+    budgets = [token_budget(backend, prompt_tokens(backend, p, False, p), body.max_tokens, "prompt") for p in prompts]
     return plan(prompts, budgets, body, body.logprobs is not None, chat=False)
 
 
@@ -263,13 +323,23 @@ def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
             "messages",
         )
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return plan([prompt], [token_budget(backend, rendered, max_tokens, "messages")], body, body.logprobs, chat)
+    tokens = prompt_tokens(backend, prompt, chat, rendered)
+    return plan([prompt], [token_budget(backend, tokens, max_tokens, "messages")], body, body.logprobs, chat)
 
 
 def refuse_unsupported(body: SamplingBody) -> None:
     found = body.unsupported()
     if found is not None:
         raise ApiError(400, found[1], found[0], "unsupported_parameter")
+
+
+def generation_error(exc: Exception) -> ApiError:
+    """A failed generation's answer: a ``ValueError`` is the backend finding the request at fault (400, with its
+    message); anything else is the server's fault (500)."""
+    if isinstance(exc, ValueError):
+        return ApiError(400, str(exc))
+    logger.error("generation failed", exc_info=exc)
+    return ApiError(500, f"generation failed: {exc}")
 
 
 # -- running: concurrently, until done or the client leaves --------------------------------------------------
@@ -415,8 +485,7 @@ async def stream_events(
                 part = {"delta": {}} if chat else {"text": ""}
                 yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
     except Exception as exc:  # the status line is sent: report in-band, as vLLM does
-        logger.exception("streamed generation failed")
-        yield sse(ApiError(500, f"generation failed: {exc}").body())
+        yield sse(generation_error(exc).body())
     else:
         if include_usage:
             prompt = sum(t or 0 for t in work.prompt_tokens)
@@ -483,8 +552,7 @@ def create_app(backend: AsyncBackend) -> FastAPI:
         try:
             completions = task.result()
         except Exception as exc:
-            logger.exception("generation failed")
-            raise ApiError(500, f"generation failed: {exc}") from exc
+            raise generation_error(exc) from exc
         make_choice = chat_choice if chat else text_choice
         choices = [make_choice(i, c, logprobs) for i, c in enumerate(completions)]
         return {**header, "choices": choices, "usage": usage_of(work, completions)}
