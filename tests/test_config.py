@@ -21,6 +21,7 @@ from spectot.config import (
     TrainDraftOptions,
     TreeMeasureOptions,
     TreeSearchOptions,
+    check_draft,
     check_solve,
     parse_acceptance,
 )
@@ -34,7 +35,7 @@ from spectot.config import (
         (lambda: TreeSearchOptions(alpha=float("inf")), "--alpha must be a finite"),
         (lambda: TreeSearchOptions(lambda_kv=-1.0), "--lambda-kv"),
         (lambda: BackendOptions(timeout=float("nan")), "--timeout must be a finite"),
-        (lambda: DraftOptions(draft="ngram", tree="pct"), "--draft ngram has none"),
+        (lambda: check_draft(DraftOptions(draft="ngram", tree="pct")), "--draft ngram has none"),
         (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="garbage"), "neither a file"),
         (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="0.9,0.9"), "summing to <= 1"),
         (lambda: GenerateOptions(prompt="hi", limit=5), "--offset and --limit pick prompts"),

@@ -254,11 +254,6 @@ class DraftOptions:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
         if self.tree == "sequoia":
             parse_acceptance(self.acceptance)
-        if self.tree not in ("auto", "chain") and self.draft in ("none", "ngram"):
-            raise ValueError(
-                f"--tree {self.tree} shapes a draft model's tree; --draft {self.draft} has none (--ngram-width widens "
-                "the n-gram draft)"
-            )
         if self.tree_budget < 1 or self.tree_depth < 0:
             raise ValueError("--tree-budget must be >= 1 and --tree-depth >= 0")
         if not 0 <= self.pct_threshold < 1:
@@ -882,6 +877,15 @@ class BenchTotOptions:
 
 
 DRAFTLESS_ENGINES = ("ar", "batched-ar", "hf-batched-ar", "continuous-ar")
+
+
+def check_draft(draft: DraftOptions) -> None:
+    """Draft flags a user gave that would be ignored (engines set a tree on any draft; only a model uses it)."""
+    if draft.tree not in ("auto", "chain") and draft.draft in ("none", "ngram"):
+        raise ValueError(
+            f"--tree {draft.tree} shapes a draft model's tree; --draft {draft.draft} has none (--ngram-width widens "
+            "the n-gram draft)"
+        )
 
 
 def check_solve(

@@ -86,6 +86,8 @@ def test_malformed_prompt_line_is_named(capsys, checkpoint, tmp_path) -> None:
         (["--top-p", "0"], "--top-p"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--num-draft-tokens", "0"], "--num-draft-tokens"),
+        (["--draft", "ngram", "--tree", "pct"], "--draft ngram has none"),
+        (["--temperature", "inf"], "--temperature must be a finite number"),
     ],
 )
 def test_bad_flags_exit_2_with_a_fix(capsys, checkpoint, argv: list[str], message: str) -> None:
@@ -145,6 +147,16 @@ def test_a_directory_where_a_file_goes_is_an_error_not_a_traceback(capsys, check
     code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--prompts", str(folder))
     assert code == 2
     assert str(folder) in err and "Traceback" not in err
+
+
+def test_nothing_to_do_is_an_error_before_the_model_loads(capsys, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"question": "w1", "answer": "#### 1"}\n')
+    missing_model = str(tmp_path / "no-such-model")  # never reached: the selection is checked first
+    code, _, err = run(capsys, "generate", "--target", missing_model, "--prompts", str(prompts), "--offset", "5")
+    assert code == 2 and "no prompts from --offset 5" in err
+    code, _, err = run(capsys, "solve", "--target", missing_model, "--data", str(prompts), "--offset", "5")
+    assert code == 2 and "no problems from offset 5" in err
 
 
 def test_models_lists_the_default_alias(capsys) -> None:

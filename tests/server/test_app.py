@@ -344,6 +344,24 @@ def test_a_request_the_backend_finds_at_fault_is_a_400() -> None:
     assert events[-1]["error"]["message"] == "prompt 0 has no tokens"
 
 
+def test_an_upstream_servers_4xx_is_passed_on() -> None:
+    """Behind a remote backend, a request the upstream server refuses keeps its status, not a 500."""
+    from spectot.backends.openai import OpenAIBackendError
+
+    refused = OpenAIBackendError(
+        "http://upstream/v1 refused the request (422): bad logit_bias", 422, "http://upstream/v1"
+    )
+    client = TestClient(create_app(FakeBackend(error=refused)))
+    response = client.post("/v1/completions", json={"prompt": "a"})
+    assert response.status_code == 422
+    assert "bad logit_bias" in response.json()["error"]["message"]
+    unreachable = OpenAIBackendError("no server answered", None, "")
+    assert (
+        TestClient(create_app(FakeBackend(error=unreachable))).post("/v1/completions", json={"prompt": "a"}).status_code
+        == 500
+    )
+
+
 def test_context_and_unsupported_errors_have_codes(client) -> None:
     error = client.post("/v1/completions", json={"prompt": LONG, "max_tokens": 8}).json()["error"]
     assert error["code"] == "context_length_exceeded"

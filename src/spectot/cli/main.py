@@ -32,6 +32,7 @@ from spectot.config import (
     TreeMeasureOptions,
     TreeProfileOptions,
     TreeSequoiaOptions,
+    check_draft,
     check_solve,
 )
 
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         _quiet_transformers()
     try:
+        if hasattr(args, "num_draft_tokens"):  # the command takes the draft flags
+            check_draft(from_flags(args, DraftOptions))
         if args.command == "generate":
             return _generate(args)
         if args.command == "models":
@@ -292,6 +295,8 @@ def _generate(args: argparse.Namespace) -> int:
             options.offset :
         ]
     )
+    if not prompts:  # an empty file or an --offset past its end: say so before loading a model
+        raise ValueError(f"{options.prompts}: no prompts from --offset {options.offset}")
     done = 0
     if options.out:
         from spectot.data.jsonl import resume_outputs

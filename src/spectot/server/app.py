@@ -335,9 +335,13 @@ def refuse_unsupported(body: SamplingBody) -> None:
 
 def generation_error(exc: Exception) -> ApiError:
     """A failed generation's answer: a ``ValueError`` is the backend finding the request at fault (400, with its
-    message); anything else is the server's fault (500)."""
+    message), as is an upstream server's 4xx passed on by a remote backend (its ``status``, e.g. a vLLM behind the
+    OpenAI backend); anything else is the server's fault (500)."""
     if isinstance(exc, ValueError):
         return ApiError(400, str(exc))
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and 400 <= status < 500:
+        return ApiError(status, str(exc))
     logger.error("generation failed", exc_info=exc)
     return ApiError(500, f"generation failed: {exc}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from spectot.data.jsonl import DataError
 from spectot.tasks.base import Problem, Task
 
 TaskName = Literal["gsm8k", "creative_writing", "blocksworld", "math500"]
@@ -99,8 +100,11 @@ def load_problems(name: TaskName, path: str = "", limit: int = 0, offset: int = 
     else:
         from spectot.tasks.creative_writing import load_problems as load
 
-        return load(path, limit, offset)
-    return problems[offset : offset + limit if limit else None]
+        problems = load(path, 0, 0)  # its offset counts lines, this one problems
+    picked = problems[offset : offset + limit if limit else None]
+    if not picked:  # an empty file or an offset past its end: nothing would run, and nothing would say so
+        raise DataError(f"{path or f'the built-in {name} examples'}: no problems from offset {offset}")
+    return picked
 
 
 def builtin_problems(name: TaskName, count: int, seed: int = 0) -> list[Problem]:
