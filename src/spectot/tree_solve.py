@@ -47,7 +47,7 @@ class TreeSolveRun:
             "stopped_early": sum(r["stopped_early"] for r in self.records),
             "speculated": speculated,
             "hit_rate": total("hits") / speculated if speculated else 0.0,
-            "saving_rate": total("hits") / used if used else 0.0,
+            "saving_rate": total("saved_expansions") / used if used else 0.0,  # expansions, as SpecCounters
             "wasted_tokens": total("wasted_tokens"),
             "cancelled": total("cancelled"),
             # budget use, per query: its speculative expansions in flight, on average over its run and at most

@@ -36,3 +36,32 @@ def test_the_critical_path_follows_the_slow_branch_not_the_slowest_level_member(
     tree = [a, b, _node(a.state, 0, 4.0), _node(b.state, 0, 1.0)]
     assert level_barrier_seconds(tree) == 8.0
     assert critical_path_seconds(tree) == 5.0
+
+
+def test_early_termination_counts_answers_not_leaves():
+    """A leaf without an answer (a rollout cut at the depth limit) casts no vote: one answer and three silent
+    leaves are one answer, short of t = 4, however settled its lone group looks."""
+    from spectot.explore.termination import settled
+    from spectot.search.tree_search import stops
+    from spectot.tasks.gsm8k import Gsm8kTask
+
+    def rule(groups, n):
+        return settled(groups, n, t=4)
+
+    leaves = [Child.make_dummy((), 0, 0.9, True, "7")] + [Child.make_dummy((), i, 0.8, True) for i in (1, 2, 3)]
+    assert not stops(rule, Gsm8kTask(), leaves)
+    answered = [Child.make_dummy((), i, 0.8, True, "7") for i in range(4)]
+    assert stops(rule, Gsm8kTask(), answered)
+    assert not stops(None, Gsm8kTask(), answered) and not stops(rule, Gsm8kTask(), [])
+
+
+def test_logprob_reward_needs_logprobs_for_a_step_of_tokens():
+    import math
+
+    from spectot.backends.base import Completion
+    from spectot.search.expansion import logprob_reward
+
+    assert logprob_reward(Completion("a b", "stop", 3, 2, [-0.5, -1.5])) == pytest.approx(math.exp(-1.0))
+    assert logprob_reward(Completion("", "stop", 3, 0)) == 0.0  # an empty step: no confidence, not full
+    with pytest.raises(ValueError, match="log-probs"):
+        logprob_reward(Completion("a b", "stop", 3, 2))  # a backend that returned none would score 1

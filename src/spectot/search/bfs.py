@@ -27,7 +27,7 @@ from spectot.search.tree_search import (
     TreeSearchResult,
     result_of,
     root_child,
-    vote,
+    stops,
 )
 from spectot.tasks.base import Problem, Task
 
@@ -71,7 +71,7 @@ async def reward_balanced_search(
         budget -= len(finished)
         frontier = [c for c in children if not c.final]
         source.retain(lambda k, f=frontier: _under(k, f))
-        if stop is not None and leaves and stop(vote(task, leaves), len(leaves)):
+        if stops(stop, task, leaves):
             return result_of(task, problem, leaves, consumed, stopped=True)
         if budget <= 0 or not frontier:
             break

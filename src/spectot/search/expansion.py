@@ -75,6 +75,16 @@ class ExpansionCounters:
     requests: int = 0
 
 
+def logprob_reward(out: Completion) -> float:
+    """The policy's own confidence in a step: exp(mean token log-prob); 0 for an empty step. A step of tokens
+    without log-probs is an error (a backend that does not return them would otherwise score every step 1)."""
+    if out.logprobs:
+        return math.exp(out.mean_logprob)
+    if out.completion_tokens == 0:
+        return 0.0
+    raise ValueError("--reward logprob needs the backend's token log-probs; this completion came without them")
+
+
 @dataclass
 class Expander:
     """Expansions of one problem: ``expand(key)`` runs the generation and the reward, in that order."""
@@ -108,9 +118,12 @@ class Expander:
 
     async def _reward(self, state: State, out: Completion, priority: int | LivePriority) -> tuple[float, int]:
         if self.reward == "logprob":
-            return math.exp(out.mean_logprob), 0
+            return logprob_reward(out), 0
         if callable(self.reward):
-            return float(self.reward(self.problem, state)), 0
+            value = float(self.reward(self.problem, state))
+            if not math.isfinite(value):  # a NaN would win votes and UCT choices in silence
+                raise ValueError(f"the reward model returned {value} for a state of problem {self.problem.id}")
+            return value, 0
         [seed] = stream_seeds(self.seed, "SE", self.problem.id, state, n=1)
         judged = await self._complete(
             self.task.value(self.problem, state), self.sampling.eval_temperature, seed, priority

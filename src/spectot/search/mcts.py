@@ -5,7 +5,10 @@ One simulation (llm-reasoners' phases):
     _rollout   rStar: one new child, then steps to a terminal answer (at most ``max_depth``);
                REST-MCTS: each step expands ``rest_children`` children and keeps the best by process reward
     _fold      the rollout's nodes join the tree; its terminal reward is backed up along the path
-``budget`` simulations in all; the answer is the weighted vote over the terminal leaves.
+``budget`` simulations in all; the answer is the weighted vote over the terminal leaves. Both back up the plain
+mean of the terminal rewards (rStar's rule); REST-MCTS's paper weighs its value update by the process rewards
+along the path, which is not built: here its per-step process rewards pick the kept child only. A rollout cut at
+``max_depth`` (5) without an answer casts no vote.
 
 SPEX's DFS speculation, two ways (``TreeSearchConfig.dfs_speculation``):
 
@@ -43,7 +46,7 @@ from spectot.search.tree_search import (
     TreeSearchResult,
     result_of,
     root_child,
-    vote,
+    stops,
 )
 from spectot.search.uct import MctsTree, backup, uct_path
 from spectot.tasks.base import Problem, Task
@@ -139,7 +142,7 @@ async def _exact_search(
             run.result()  # a failed expansion fails the search
             leaves.append(_fold(tree, rollout))
             consumed += [c for step in rollout.chain for c in step]
-            if stop is not None and stop(vote(task, leaves), len(leaves)):
+            if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
         return result_of(task, problem, leaves, consumed, stopped=False)
     finally:
@@ -292,7 +295,7 @@ async def _folding_search(
                 if rollout is primary:
                     primary = None
                 leaves.append(leaf)
-            if stop is not None and leaves and stop(vote(task, leaves), len(leaves)):
+            if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
         return result_of(task, problem, leaves, consumed, stopped=False)
     finally:

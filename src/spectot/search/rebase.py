@@ -8,7 +8,10 @@ Width rule. At each depth the open leaves n_1..n_K with process rewards R(n_j) s
 ``round`` is largest-remainder rounding, so the widths are >= 0 and sum to exactly B: every node first gets
 floor(B p_j), then the B - sum floor(B p_j) leftover children go one each to the largest remainders (ties to the
 earlier node). Worked example, B = 4, rewards [0.5, 0.5, 0.5] (p = 1/3 each): quotas [1.33, 1.33, 1.33],
-floors [1, 1, 1], one child left over, remainders tie -> widths [2, 1, 1].
+floors [1, 1, 1], one child left over, remainders tie -> widths [2, 1, 1]. (The REBASE / ETS authors' code
+rounds differently: in descending reward order each node takes ceil(B_left p_j / sum of the p left), which gives
+[2, 2, 0] here and [3, 1, 0] for rewards [0.9, 0.7, 0.6]; largest remainder is the rounding of B p_j that sums
+to B and stays closest to it.)
 
 Weighted vote. The finished solutions' answers are grouped by an equivalence (``same``, e.g. MATH-500's
 ``is_equiv``); a group's confidence is the sum of its members' weights (rewards); the group with the largest

@@ -173,6 +173,16 @@ def vote(task: Task, leaves: Sequence[Child]) -> list[AnswerGroup]:
     return weighted_vote([c.answer or None for c in leaves], [c.reward for c in leaves], task.same_answer)
 
 
+def stops(stop: StopRule | None, task: Task, leaves: Sequence[Child]) -> bool:
+    """Whether ``stop`` ends the search over these leaves. The answers it counts are the voting leaves' (a leaf
+    that ended without an answer, e.g. at the depth limit, casts no vote): ['7', None, None, None] is one answer,
+    so a lone group cannot settle at t = 4 on leaves that say nothing."""
+    if stop is None or not leaves:
+        return False
+    groups = vote(task, leaves)
+    return stop(groups, sum(group.count for group in groups))
+
+
 def result_of(task: Task, problem: Problem, leaves: list[Child], expansions: list[Child], stopped: bool):
     groups = vote(task, leaves)
     return TreeSearchResult(problem, groups[0].answer if groups else "", groups, leaves, expansions, stopped)
