@@ -254,6 +254,12 @@ class DraftOptions:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
         if self.tree == "sequoia":
             parse_acceptance(self.acceptance)
+        if self.tree in ("pct", "eagle2") and self.tree_children in ("with_replacement", "without_replacement"):
+            raise ValueError(
+                f"--tree {self.tree} keeps or drops siblings by their own draft probability, so sampled siblings "
+                "would no longer be the independent (or without-replacement) draws from q that verification "
+                "assumes: use --tree-children top (the default) or auto"
+            )
         if self.tree_budget < 1 or self.tree_depth < 0:
             raise ValueError("--tree-budget must be >= 1 and --tree-depth >= 0")
         if not 0 <= self.pct_threshold < 1:

@@ -359,3 +359,34 @@ def test_logprobs_of_a_verified_path_are_the_raw_log_softmax() -> None:
     got = _logprobs(x, [7, 250, 3], rows=[0, 2, 4])
     want = x.double().log_softmax(-1)[[0, 2, 4], [7, 250, 3]]
     assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, atol=1e-5)
+
+
+def test_a_rows_nucleus_does_not_depend_on_the_rows_beside_it() -> None:
+    """bf16 logits tie often at the nucleus edge. A verification batch masks each row as plain sampling masks it
+    alone: the same rule (tied tokens stay or go together) and the same path (the row's own, not the batch's:
+    a flat row beside it needs the histogram, a peaked row alone reads its top 256)."""
+    from spectot.spec.sampling import outside_nucleus
+
+    gen = torch.Generator().manual_seed(5)
+    vocab, rows = 2_000, 60
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).bfloat16().float()  # coarse: many exact ties
+    flat = torch.zeros(1, vocab)  # its nucleus runs far past the first 256 tokens
+    for top_p in (0.5, 0.9):
+        probs = logits.softmax(-1)
+        batched = outside_nucleus(torch.cat([probs, flat.softmax(-1)]), top_p)[:rows]
+        alone = torch.cat([outside_nucleus(probs[r : r + 1], top_p) for r in range(rows)])
+        assert torch.equal(batched, alone)
+        for r in range(rows):  # ties at the edge: all kept or all dropped, and the kept mass reaches top_p
+            kept = probs[r][~alone[r]]
+            assert float(kept.sum()) >= top_p - 1e-6
+            edge = float(kept.min())
+            assert not bool(alone[r][probs[r] == edge].any())
+
+
+def test_the_histogram_path_keeps_the_same_nucleus_as_the_top_tokens() -> None:
+    from spectot.spec.sampling import outside_nucleus
+
+    gen = torch.Generator().manual_seed(6)
+    probs = (torch.randn(20, 3_000, generator=gen) * 2).bfloat16().float().softmax(-1).double()
+    for top_p in (0.3, 0.8, 0.95):
+        assert torch.equal(outside_nucleus(probs, top_p, first=probs.shape[-1]), outside_nucleus(probs, top_p, first=8))

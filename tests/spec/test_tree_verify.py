@@ -30,7 +30,7 @@ def draw_children(q: torch.Tensor, k: int, rule: str, gen: torch.Generator) -> l
     if rule == "without_replacement":
         picked, left = [], q.clone()
         for _ in range(k):
-            if left.sum() <= 0:  # the same uniform fallback the verifier assumes
+            if left.sum() <= 0:  # q exhausted: any choice, the verifier tries the rest as fixed candidates
                 free = torch.ones(V, dtype=torch.bool)
                 free[picked] = False
                 left = free.float()
@@ -116,7 +116,7 @@ def test_deterministic_top_k_accepts_with_the_children_target_mass() -> None:
 def test_without_replacement_survives_an_exhausted_draft() -> None:
     p = torch.full((V,), 1.0 / V)
     q = torch.zeros(V)
-    q[2] = 1.0  # one token holds all the draft mass: the second child comes from the uniform fallback
+    q[2] = 1.0  # one token holds all the draft mass: the second child is a fixed candidate
     tree = TokenTree(torch.tensor([0, 2, 5]), torch.tensor([-1, 0, 0]))
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):

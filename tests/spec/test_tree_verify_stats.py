@@ -63,7 +63,7 @@ def draw_children(q: torch.Tensor, k: int, rule: str, trials: int, gen: torch.Ge
 
 def sequential_without_replacement(q: torch.Tensor, k: int, trials: int, gen: torch.Generator) -> torch.Tensor:
     """(trials, k) draws without replacement from q, uniform over the tokens not yet drawn once q
-    is exhausted: the draft the verifier's fallback assumes."""
+    is exhausted (the verifier tries such children as fixed candidates: exact whatever picked them)."""
     left = q.expand(trials, -1).clone()
     drawn = torch.zeros_like(left, dtype=torch.bool)
     picks = []
@@ -279,8 +279,8 @@ def test_fixed_children_are_accepted_with_their_target_mass(rule: str) -> None:
 
 @pytest.mark.parametrize("support,k", [(1, 3), (2, 4)])
 def test_without_replacement_is_lossless_after_the_draft_is_exhausted(support: int, k: int) -> None:
-    """q holds all its mass on ``support`` < k tokens: the later children come from the uniform
-    fallback over the tokens not yet drawn (e.g. q = onehot(a), children [a, b, c])."""
+    """q holds all its mass on ``support`` < k tokens: the later children are drawn uniformly over the tokens
+    not yet drawn (e.g. q = onehot(a), children [a, b, c]) and tried as fixed candidates."""
     vocab, trials = 6, 4_000
     p, _ = synthetic_pair(vocab, 1.0, seed=100 + k)
     q = torch.zeros(vocab)
@@ -288,6 +288,20 @@ def test_without_replacement_is_lossless_after_the_draft_is_exhausted(support: i
     gen = torch.Generator().manual_seed(102 + k)
     children = sequential_without_replacement(q, k, trials, gen)
     assert bool((q[children[:, :support]] > 0).all()) and bool((q[children[:, support:]] == 0).all())
+    assert_follows(first_token_counts(p, q, children, "without_replacement", gen), p)
+
+
+def test_without_replacement_is_lossless_when_the_drafts_gumbel_top_k_runs_out_of_support() -> None:
+    """The draft decoder's own draw (``_draw``: the top k of q / E) takes the zero-q tokens past q's support in a
+    fixed order, not at random: q = [.6, .4, 0, 0, 0, 0] with 3 children always adds token 2. Verified as a
+    uniform draw, that child was accepted with min(1, 4 p'(2)) and token 2 was never emitted (p = 0.2 there)."""
+    from spectot.spec.proposers.draft_decoder import _draw
+
+    p = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3, 0.0])
+    q = torch.tensor([0.6, 0.4, 0.0, 0.0, 0.0, 0.0])
+    gen = torch.Generator().manual_seed(120)
+    children = _draw(q.expand(4_000, -1).contiguous(), 3, True, gen)
+    assert bool((children[:, 2] == children[0, 2]).all())  # the third child: always the same zero-q token
     assert_follows(first_token_counts(p, q, children, "without_replacement", gen), p)
 
 

@@ -10,7 +10,11 @@ distribution u's children were drawn from. The rules differ in how the children 
   rejection p <- norm(max(p - q, 0)), q unchanged.
 - ``without_replacement`` (Sequoia, Chen et al. 2024; MCSD without replacement): children are
   distinct draws from q without replacement. On rejection of x: p <- norm(max(p - q, 0)), then
-  q(x) <- 0 and q <- norm(q); when q has no mass left, q is uniform over the tokens not yet rejected.
+  q(x) <- 0 and q <- norm(q). When q has no mass left, the children still to try were not drawn from
+  anything (the draft's top-k of q / E had run out of support and took zero-q tokens in a fixed order):
+  they are tried as the deterministic candidates they are, one-hot q each. (Treating them as uniform draws
+  over the tokens not yet rejected, as this rule once did, never emitted a token outside q's support that
+  p gives mass: q = [.6, .4, 0, ...] with 3 children lost token 2's p = 0.2 entirely.)
 - ``deterministic`` (top-k drafts, n-gram): one-hot q per child; the rule above with q = onehot(x)
   accepts some child with probability sum of p over the children. The decoder verifies such trees
   with the coupled rule instead (``verify_tree_coupled``): the same acceptance, and plain decoding's
@@ -116,7 +120,7 @@ def _try_children(
             rejected[x] = True
             q = q.masked_fill(rejected, 0.0)
             total = float(q.sum())
-            q = q / total if total > 0 else (~rejected).float() / float((~rejected).sum())
+            q = q / total if total > 0 else None  # support exhausted: the rest are fixed candidates
     return None, p
 
 
