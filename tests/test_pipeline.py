@@ -52,3 +52,17 @@ def test_auto_draft_head_cuts_only_a_ranked_head_on_the_cpu(tiny_checkpoint, tin
     assert head_of("ranked", 0).equal(head) and head_of("ranked", 8).equal(head[:8])
     with pytest.raises(ValueError, match="not ranked"):
         head_of("unranked", 8)
+
+
+def test_a_short_context_target_loads_with_the_adaptive_draft_length(tiny_checkpoint, tiny_model, tmp_path) -> None:
+    """The load-time cost probe (t(n), c) prefilled 256 tokens and ran 64 rows: a target with a 40-token context
+    could not load with the default n-gram draft. It now measures within the context."""
+    from transformers import AutoTokenizer
+
+    tiny_model("llama", 0, max_position_embeddings=40).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(tmp_path)
+    model = ModelOptions(target=str(tmp_path), dtype="fp32", kernels="torch", chat_template=False)
+    pipe = Pipeline.from_options(model, DraftOptions(draft="ngram"))
+    ar = pipe.generate("w1 w2 w3 w1 w2", max_new_tokens=20, method="ar")[0]
+    sd = pipe.generate("w1 w2 w3 w1 w2", max_new_tokens=20, method="sd")[0]
+    assert sd.token_ids == ar.token_ids

@@ -397,7 +397,10 @@ def measure_solve_costs(pipe: Pipeline, proposer: Proposer, context: int = SOLVE
     100-350). Rows cost more after a long context: t(8) = 1.20 after 384 tokens, 1.09 after 64 (Zen 5)."""
     from spectot.spec.profile import T_CURVE_ROWS, measure_costs
 
-    costs = measure_costs(pipe.runner, proposer, ns=(*T_CURVE_ROWS, 64), depths=4, prefix=context, reps=2)
+    room = pipe.runner.max_context
+    context = max(1, min(context, room // 4))  # a short-context model measures after fewer tokens
+    ns = tuple(n for n in (*T_CURVE_ROWS, 64) if context + n + 8 <= room)  # + 8: the draft's depths and root
+    costs = measure_costs(pipe.runner, proposer, ns=ns, depths=4, prefix=context, reps=2)
     return {**costs, "context": context}
 
 

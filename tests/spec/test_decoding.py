@@ -526,3 +526,33 @@ def test_a_mixed_step_prices_each_sampling_group_by_its_own_streams(target, ar_r
             active = [s for s in active if s.finish is None]
         results = session.results()
     assert results[0].token_ids == ar_reference(prompt)[:12]
+
+
+def test_a_stop_string_longer_than_32_tokens_is_found() -> None:
+    """hit_stop decodes the tail only; the tail grows with the longest stop string (a fixed 32 tokens missed one
+    of 40 words)."""
+    from spectot.spec.decoding import hit_stop
+
+    words = [f"w{i % 60}" for i in range(100)]
+    detokenize = lambda ids: " ".join(words[i] for i in ids)  # noqa: E731
+    stop = " ".join(words[50:90])  # 40 tokens, ending in the newest one
+    assert hit_stop(list(range(90)), [stop], detokenize)
+    assert not hit_stop(list(range(89)), [stop], detokenize)
+
+
+def test_a_step_that_only_fills_part_of_a_prompt_runs(target) -> None:
+    """verify() with no stream decoding and one prompt chunk that does not finish its prompt wants no logits (it
+    once failed selecting zero rows); filled chunk by chunk, the prompt then decodes as prefilled at once."""
+    prompt, config = [1, *range(4, 24)], DecodeConfig(max_new_tokens=5)
+    [expected] = Decoder(ModelRunner(target), ()).generate([prompt], config)
+    decoder = Decoder(ModelRunner(target), ())
+    with decoder.session([prompt], config) as session:
+        [stream] = session.streams
+        session.begin([stream])
+        for _ in range(6):  # 3 + 3 + ... tokens a step: the prompt completes in the 7th
+            session.verify([], [], [(stream, 3)])
+        session.verify([], [], [(stream, 3)])
+        while stream.finish is None:
+            session.verify([stream], session.propose([stream]))
+        [result] = session.results()
+    assert result.token_ids == expected.token_ids

@@ -341,7 +341,10 @@ class _AttentionBatch:
 
 
 def _row_index(rows: list[int]) -> torch.Tensor | slice:
-    """Rows to select: a slice where they are consecutive (a view, no gather), else an index tensor."""
+    """Rows to select: a slice where they are consecutive (a view, no gather; none: an empty one), else an index
+    tensor."""
+    if not rows:  # e.g. a step that only fills part of a prompt: no logits wanted
+        return slice(0, 0)
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return slice(rows[0], rows[0] + len(rows))
     return torch.tensor(rows, dtype=torch.int64)

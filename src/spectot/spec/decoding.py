@@ -544,8 +544,11 @@ def _draft_room(s: _Stream) -> int:
 
 
 def hit_stop(tokens: Sequence[int], stop: Sequence[str], detokenize: Callable[[list[int]], str]) -> bool:
-    """Whether the newest token completes a stop string (one ends in the newest token: 32 tokens suffice)."""
-    tail = detokenize(list(tokens[-32:]))
+    """Whether the newest token completes a stop string. Only the tail is decoded: a stop string of L characters
+    ends in the newest token and spans at most L tokens that show text, and a character may take up to 4 byte
+    tokens, so 32 + 4 L tokens suffice (a fixed 32 missed stop strings of more than 32 words)."""
+    window = 32 + 4 * max((len(x) for x in stop), default=0)
+    tail = detokenize(list(tokens[-window:]))
     return any(x in tail for x in stop)
 
 
