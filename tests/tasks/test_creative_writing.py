@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectot.data.jsonl import DataError
-from spectot.tasks.creative_writing import load_problems, paragraph_endings, read_inputs
+from spectot.tasks.creative_writing import load_problems, paragraph_endings, read_inputs, required_sentences
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "tot_creative_writing" / "data_100_random_text.txt"
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"Creative Writing data not found at {DATA}")
@@ -29,8 +29,15 @@ def test_every_line_of_the_shared_file_loads(caplog) -> None:
     with caplog.at_level(logging.WARNING):
         problems = load_problems(DATA)
     assert [p.id for p in problems] == [f"line-{n}" for n in range(1, 81)]
-    assert sum(len(p.answer) == 4 for p in problems) == 76
-    assert [r.args[1] for r in caplog.records] == [6, 29, 50, 60]  # their unterminated fragments, warned
+    assert all(len(p.answer) == 4 for p in problems)
+    assert [r.args[1] for r in caplog.records] == [6, 29, 50, 60]  # their unterminated sentences, warned
+    assert all("split at the run-on" in r.getMessage() for r in caplog.records)
+    assert problems[28].answer[1:3] == [
+        "The heat",
+        "He picked up trash in his spare time to dump in his neighbor's yard.",
+    ]
+    passages = ["\n\n".join(f"Some text. {s}" for s in p.answer) for p in problems]
+    assert [paragraph_endings(passage, p.answer) for passage, p in zip(passages, problems)] == [1.0] * 80
     assert [p.id for p in load_problems(DATA, limit=2, offset=10)] == ["line-11", "line-12"]
 
 
@@ -46,6 +53,44 @@ def test_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path) -> None:
     assert problem.answer[0] == "The cat sat."
     passage = "\n\n".join(f"Some text. {s}" for s in problem.answer)
     assert paragraph_endings(passage, problem.answer) == 1.0
+
+
+def test_run_on_line_splits_into_four_sentences_a_passage_can_meet() -> None:
+    line = "He was lazy. Instead of a party You realize you met Grandpa Joe. If I don\u2019t, I stay."
+    sentences = required_sentences(line)
+    assert sentences == [
+        "He was lazy.",
+        "Instead of a party",
+        "You realize you met Grandpa Joe.",
+        "If I don\u2019t, I stay.",
+    ]
+    passage = (
+        "He was lazy.\n\nWe met instead of a party.\n\nThen You realize you met Grandpa Joe.\n\nIf I don't, I stay."
+    )
+    assert paragraph_endings(passage, sentences) == 1.0
+
+
+SENTENCES = ["It was hot.", "The cat sat.", "Was it late?", "Night fell."]
+
+
+@pytest.mark.parametrize(
+    ("passage", "score"),
+    [
+        ("A. It was hot.\nB. The cat sat.\nC. Was it late?\nD. Night fell.", 1.0),  # one paragraph per line
+        ("My Title\n\nA. It was hot.\n\nB. The cat sat.\n\nC. Was it late?\n\nD. Night fell.", 1.0),
+        ("My Title\nA. It was hot.\nB. The cat sat.\nC. Was it late?\nD. Night fell.\nThe End", 1.0),
+        ("*A. It was hot.*\n\n# B. The cat sat.\n\nC. _Was it late?_\n\n**D. Night fell.**", 1.0),  # markdown
+        ("A. Bit was hot.\n\nB. The cat sat.\n\nC. Was it late?\n\nD. Night fell.", 0.75),  # "Bit" is not "It"
+        ("B. The cat sat.\n\nA. It was hot.\n\nC. Was it late?\n\nD. Night fell.", 0.75),  # out of order
+        ("A. It was hot. B. The cat sat. C. Was it late? D. Night fell.", 0.25),  # one paragraph
+    ],
+)
+def test_paragraph_endings(passage: str, score: float) -> None:
+    assert paragraph_endings(passage, SENTENCES) == score
+
+
+def test_curly_quotes_match_straight_ones() -> None:
+    assert paragraph_endings("So \u201cIt\u2019s hot,\u201d he said.", ['"It\'s hot," he said.']) == 1.0
 
 
 def test_line_without_four_sentences_is_named(tmp_path) -> None:

@@ -8,7 +8,14 @@ import pytest
 
 from spectot.data.jsonl import DataError
 from spectot.tasks.base import Problem
-from spectot.tasks.gsm8k import Gsm8kTask, canonical_number, extract_number, load_problems, parse_rating
+from spectot.tasks.gsm8k import (
+    Gsm8kTask,
+    canonical_number,
+    extract_number,
+    load_problems,
+    numbers_equal,
+    parse_rating,
+)
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
 needs_data = pytest.mark.skipif(not (DATA / "test.jsonl").exists(), reason=f"GSM8K data not found under {DATA}")
@@ -72,11 +79,25 @@ def test_incomplete_line_names_its_line(tmp_path: Path, line: str, message: str)
         ("Step 1 gives 4, the answer is 12. Later: the answer is 13", "13"),
         ("It takes .5 hours", "0.5"),
         ("#### 1,000,000", "1000000"),
+        ("The answer is 5 + 3 = 8.", "8"),
+        ("The answer is 3 * 4 = 12", "12"),
+        ("The answer is 8 = x.", "8"),
+        ("He had 50 - 24", "24"),
+        ("It costs $ 18", "18"),
+        ("The temperature is \u22125 degrees", "-5"),
         ("I don't know.", None),
     ],
 )
 def test_extract_number(output: str, number: str | None) -> None:
     assert extract_number(output) == number
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [("18", "18.00", True), ("0.5", ".50", True), ("1000000", "1000001", False), ("0.1", "0.1000001", False)],
+)
+def test_numbers_equal_is_exact(a: str, b: str, equal: bool) -> None:
+    assert numbers_equal(a, b) is equal and numbers_equal(b, a) is equal
 
 
 def test_canonical_number() -> None:

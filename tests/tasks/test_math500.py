@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from spectot.data.jsonl import DataError
 from spectot.tasks.base import Problem
-from spectot.tasks.math500 import Math500Task, extract_boxed, is_equiv, load_problems, normalize_answer
+from spectot.tasks.math500 import Math500Task, extract_boxed, is_equiv, latex_to_sympy, load_problems, normalize_answer
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "math500"
 needs_data = pytest.mark.skipif(not (DATA / "test.jsonl").exists(), reason=f"MATH-500 data not found under {DATA}")
@@ -29,8 +31,8 @@ def test_loads_the_real_file() -> None:
 def test_gold_answers_match_themselves_and_their_solutions() -> None:
     problems = load_problems(DATA / "test.jsonl")
     assert all(is_equiv(p.answer, p.answer) for p in problems)
-    agree = [is_equiv(extract_boxed(p.meta["solution"]), p.answer) for p in problems]
-    assert sum(agree) / len(agree) >= 0.95  # 400 / 400 when written
+    disagree = [p.id for p in problems if not is_equiv(extract_boxed(p.meta["solution"]), p.answer)]
+    assert disagree == []  # every boxed solution answer is graded correct, 400 / 400
 
 
 def test_malformed_and_incomplete_lines_are_named(tmp_path: Path) -> None:
@@ -53,6 +55,8 @@ def test_malformed_and_incomplete_lines_are_named(tmp_path: Path) -> None:
         ("\\fbox{x^{2}+1}", "x^{2}+1"),
         ("thus $\\boxed 5$.", "5"),
         ("The answer is $\\frac{3}{4}$.", "\\frac{3}{4}"),
+        ("The answer is $x = 5$. Another line", "x = 5"),
+        ("The answer is 3.5 meters. Then we check it.", "3.5 meters"),
         ("no answer here", None),
         ("unbalanced \\boxed{1", None),
     ],
@@ -90,6 +94,15 @@ def test_extract_boxed(text: str, inside: str | None) -> None:
         ("\\text{Evelyn}", "Evelyn"),
         (".25", "\\frac14"),
         ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}"),
+        ("-\\frac{1}{2}", "\\frac{-1}{2}"),
+        ("(2^{10})^{3}", "2^{30}"),
+        ("2^{2^{3}}", "256"),
+        ("52_{8}", "52_8"),
+        ("12\\text{ square units}", "12"),
+        ("864 \\text{ square inches}", "864 \\mbox{ inches}^2"),
+        ("5 \\text{ m}", "5"),
+        ("\\text{East}", "\\text{east}"),
+        ("1 and -2", "1,-2"),
     ],
 )
 def test_equivalent_pairs(pred: str, gold: str) -> None:
@@ -112,10 +125,44 @@ def test_equivalent_pairs(pred: str, gold: str) -> None:
         ("\\text{east}", "\\text{west}"),
         ("1,2,3", "1,2"),
         ("2\\sqrt{3}", "3\\sqrt{2}"),
+        # no tolerance: integers and decimals are exact, and an unreduced fraction is not the answer
+        ("11111111101", "11,\\! 111,\\! 111,\\! 100"),
+        ("1000001", "1000000"),
+        ("0.3333333", "\\frac13"),
+        ("\\pi", "3.14159"),
+        ("\\sqrt2", "1.414214"),
+        ("\\frac{4}{8}", "\\frac12"),
+        # words are not products of letters
+        ("\\text{seat}", "\\text{east}"),
+        ("no", "on"),
     ],
 )
 def test_non_equivalent_pairs(pred: str, gold: str) -> None:
     assert not is_equiv(pred, gold)
+
+
+TOWERS = ("9^{9^{9^{9}}}", "10^{10^{10^{10}}}", "\\exp(\\exp(\\exp(10)))")
+# Run in a child process: the unguarded grader spent minutes in big-integer arithmetic that holds the
+# GIL, so neither a thread nor a signal could have stopped it; the child is killed instead.
+TIME_TOWERS = f"""
+import time
+from spectot.tasks.math500 import is_equiv
+is_equiv("2", "1+1")
+start = time.perf_counter()
+verdicts = [is_equiv(tower, "1") for tower in {TOWERS!r}]
+print(verdicts, time.perf_counter() - start)
+"""
+
+
+def test_power_towers_are_refused_before_any_computation() -> None:
+    for tower in TOWERS:
+        assert latex_to_sympy(tower) is None and is_equiv(tower, tower)  # a plain string comparison
+    try:
+        child = subprocess.run([sys.executable, "-c", TIME_TOWERS], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("is_equiv on a power tower did not return within 60 s")
+    verdicts, _ = child.stdout.rsplit(" ", 1)  # (the child also prints its seconds: ~2 ms here; not a bound)
+    assert verdicts == "[False, False, False]", child.stderr
 
 
 def test_unparseable_and_missing_predictions_are_wrong() -> None:

@@ -43,23 +43,25 @@ def read_numbered_inputs(path: str | Path, offset: int = 0, limit: int = 0) -> l
 
 
 # An unterminated sentence runs into the next one: "...bachelorette party You realize...". The ToT
-# file itself has four such lines, which split into 3 sentences; they are kept, with a warning.
+# file itself has four such lines (6, 29, 50 and 60); required_sentences splits them there.
 _RUN_ON = re.compile(r"[a-z] (?!I\b)[A-Z]")
+_STRAIGHT_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 
 
 def _check_sentences(path: str | Path, number: int, line: str) -> None:
     """Refuse a line that is not a ToT input: graded against the wrong sentences, it would score silently."""
-    found = len(required_sentences(line))
-    if found == 3 and _RUN_ON.search(line):
-        logger.warning(
-            "%s:%d: 3 sentences end in punctuation; one seems unterminated and is graded joined to the next",
-            path,
-            number,
-        )
-    elif found != 4:
+    sentences = required_sentences(line)
+    if len(sentences) != 4:
         raise DataError(
             f"{path}:{number}: expected the 4 sentences of a Creative Writing input (each ending in . ! or ?), "
-            f"found {found}"
+            f"found {len(sentences)}"
+        )
+    if len(_terminated_sentences(line)) == 3:
+        logger.warning(
+            "%s:%d: one sentence is unterminated; the line was split at the run-on, into %s",
+            path,
+            number,
+            " | ".join(sentences),
         )
 
 
@@ -124,21 +126,58 @@ class CreativeWritingTask(Task):
 
 
 def required_sentences(line: str) -> list[str]:
-    """The four sentences of an input line (split after ., ! or ? followed by a space)."""
+    """The four sentences of an input line: split after ., ! or ? followed by a space and, when that
+    gives 3, also at the first run-on, where an unterminated sentence meets the next capital:
+    "A. Instead of a party You realize. B." -> "A.", "Instead of a party", "You realize.", "B."."""
+    sentences = _terminated_sentences(line)
+    run_on = _RUN_ON.search(line) if len(sentences) == 3 else None
+    if run_on is None:
+        return sentences
+    cut = run_on.start() + 1
+    return _terminated_sentences(line[:cut]) + _terminated_sentences(line[cut:])
+
+
+def _terminated_sentences(line: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", line.strip()) if s.strip()]
 
 
 def paragraph_endings(passage: str, sentences: list[str]) -> float:
-    """Share of required sentences that end their paragraph, in order (paragraph i ends with sentence i)."""
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", passage.strip()) if p.strip()]
+    """Share of required sentences that end a paragraph, in order (sentence i ends paragraph i).
+
+    Sentences are matched to paragraphs as an in-order subsequence, so a title line or a closing
+    "The End" before or after the four paragraphs shifts nothing, while paragraphs out of order
+    still lose points. Paragraphs are split at blank lines, or at single newlines when blank lines
+    give fewer paragraphs than there are sentences (one paragraph per line).
+    """
     if not sentences:
         return 0.0
-    hits = sum(1 for i, s in enumerate(sentences) if i < len(paragraphs) and _norm(paragraphs[i]).endswith(_norm(s)))
-    return hits / len(sentences)
+    paragraphs = _paragraphs(passage, len(sentences))
+    best = [0] * (len(paragraphs) + 1)  # best[j]: most sentences so far matched in order in paragraphs[:j]
+    for sentence in sentences:
+        row = [0]
+        for j, paragraph in enumerate(paragraphs):
+            row.append(max(row[j], best[j + 1], best[j] + _ends_with(paragraph, sentence)))
+        best = row
+    return best[-1] / len(sentences)
+
+
+def _paragraphs(passage: str, wanted: int) -> list[str]:
+    blocks = [p.strip() for p in re.split(r"\n\s*\n", passage.strip()) if p.strip()]
+    return blocks if len(blocks) >= wanted else [line.strip() for line in passage.splitlines() if line.strip()]
+
+
+def _ends_with(paragraph: str, sentence: str) -> bool:
+    """Whether the paragraph ends with the sentence as whole words ("A. Bit was hot." does not end
+    with "It was hot."), up to case, spacing, markdown emphasis and curly quotes; a sentence left
+    unterminated in the input ("The heat") may gain a final . ! or ?."""
+    target = _norm(sentence)
+    terminator = "" if target.endswith((".", "!", "?")) else "[.!?]?"
+    return re.search(rf"(?<!\w){re.escape(target)}{terminator}$", _norm(paragraph)) is not None
 
 
 def _norm(text: str) -> str:
-    return " ".join(text.replace("\u2019", "'").split()).lower()
+    """Lowercase words separated by single spaces, * _ # (markdown emphasis) dropped, quotes straight."""
+    return " ".join(re.sub(r"[*_#]", "", text.translate(_STRAIGHT_QUOTES)).split()).lower()
 
 
 def load_problems(path: str | Path, limit: int = 0, offset: int = 0) -> list[Problem]:

@@ -14,14 +14,15 @@ The prompts are our own text in the spirit of SEED's and of RAP's GSM8K sub-ques
 plain instructions that a small chat model (SmolLM2-135M-Instruct) receives as its user message.
 
 Answers are number strings in canonical form ("18", "-3", "0.5"): commas, "$" and trailing zeros
-after a decimal point removed. The step helpers (``clean_step``, ``render_steps``) and the 1-10 rating
-(``rating_request``, ``parse_rating``) are shared with the MATH-500 task.
+after a decimal point removed, and graded exactly as written (1000001 is not 1000000). The step
+helpers (``clean_step``, ``render_steps``) and the 1-10 rating (``rating_request``, ``parse_rating``)
+are shared with the MATH-500 task.
 """
 
 from __future__ import annotations
 
-import math
 import re
+from fractions import Fraction
 from pathlib import Path
 
 from spectot.data.jsonl import DataError, iter_jsonl
@@ -61,9 +62,10 @@ VALUE_PROMPT = (
     "Rate Step {k}, the latest step. Reply with the number only.\nRating:"
 )
 
-# A number as written in text: "1,234.5", "-3", "$18", ".5". A minus is a sign only where it cannot be
-# a subtraction: the numbers of "16-3" are 16 and 3, not 16 and -3.
-NUMBER = r"(?<![\w.])-?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])-?\$?\.\d+"
+# A number as written in text: "1,234.5", "-3", "−3" (U+2212), "$18", "$ 18", ".5". A minus is a sign
+# only where it cannot be a subtraction: it must touch the number, so the numbers of "16-3" and of
+# "50 - 24" are 16, 3 and 50, 24, never -3 or -24.
+NUMBER = r"(?<![\w.])[-\u2212]?(?:\$\s?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])[-\u2212]?\$?\.\d+"
 ANSWER_IS = re.compile(r"answer is\b", re.IGNORECASE)
 HASHES = re.compile(r"####")
 BOXED = re.compile(r"\\boxed\s*\{([^{}]*)\}")
@@ -102,7 +104,7 @@ def gold_answer(solution: str) -> str | None:
 # -- answers ---------------------------------------------------------------------------------------
 def canonical_number(text: str) -> str:
     """'$1,234.50' -> '1234.5', '18.0' -> '18', '-.5' -> '-0.5' (text must match NUMBER)."""
-    text = text.replace("$", "").replace(",", "").replace(" ", "")
+    text = text.replace("$", "").replace(",", "").replace(" ", "").replace("\u2212", "-")
     sign = "-" if text.startswith("-") else ""
     digits = text.lstrip("-")
     whole, _, fraction = digits.partition(".")
@@ -115,33 +117,36 @@ def canonical_number(text: str) -> str:
 def extract_number(text: str) -> str | None:
     """The final answer number of a model output, or None when it states no number.
 
-    The last explicit answer statement wins: "The answer is X" (X is the first number after it on its
-    line), "#### X" or \\boxed{X}, whichever comes last; else the last number anywhere. X may carry "$",
-    thousands commas, a sign and a decimal part.
+    The last explicit answer statement wins: "The answer is X" (X is read from the rest of its
+    sentence, see _stated_number), "#### X" or \\boxed{X}, whichever comes last; else the last number
+    anywhere. X may carry "$", thousands commas, a sign and a decimal part.
     """
     statements = [(m.end(), text[m.end() :].split("\n", 1)[0]) for m in ANSWER_IS.finditer(text)]
     statements += [(m.end(), text[m.end() :].split("\n", 1)[0]) for m in HASHES.finditer(text)]
     statements += [(m.end(), m.group(1)) for m in BOXED.finditer(text)]
     for _, stated in sorted(statements, reverse=True):
-        number = _first_number(stated)
+        number = _stated_number(stated)
         if number is not None:
             return number
     numbers = re.findall(NUMBER, text)
     return canonical_number(numbers[-1]) if numbers else None
 
 
-def _first_number(text: str) -> str | None:
-    match = re.search(NUMBER, text)
+def _stated_number(statement: str) -> str | None:
+    """The number an answer statement gives: the first after the last '=' when its sentence works it
+    out ("5 + 3 = 8." -> 8, "3 * 4 = 12" -> 12), else the first in the sentence ("5. Then 6" -> 5)."""
+    sentence = re.split(r"[.!?](?:\s|$)", statement, maxsplit=1)[0]
+    match = re.search(NUMBER, sentence.rsplit("=", 1)[-1]) or re.search(NUMBER, sentence)
     return canonical_number(match.group(0)) if match else None
 
 
 def numbers_equal(a: str, b: str) -> bool:
-    """Whether two number strings name the same value (relative tolerance 1e-6)."""
+    """Whether two number strings name exactly the same value: '18.00' equals '18', but '1000001' is
+    not '1000000' (a relative tolerance of 1e-6 would accept it)."""
     try:
-        x, y = float(a), float(b)
-    except ValueError:
+        return Fraction(a) == Fraction(b)
+    except (ValueError, ZeroDivisionError):
         return False
-    return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
 
 
 def parse_rating(text: str, low: float = 1.0, high: float = 10.0) -> float:

@@ -7,9 +7,12 @@ latest step 1-10 as for GSM8K.
 
 Grading follows the spirit of the Hendrycks MATH ``is_equiv`` and the PRM800K grader: answers are
 normalised as strings first (``\\dfrac`` -> ``\\frac``, units and ``^\\circ`` dropped, ``x =`` prefixes
-stripped, ...), then compared element-wise as tuples / intervals, then symbolically with sympy via a
+stripped, ...), then compared element-wise as tuples / intervals, then exactly with sympy via a
 small LaTeX -> sympy converter written here (``sympy.parsing.latex`` needs antlr, which we do not
-require). sympy is imported lazily; without it only the string comparison runs.
+require). As in PRM800K's ``grade_answer``, nothing is equal "up to a tolerance": decimals are read
+as exact rationals (0.3333333 is not 1/3), two integer fractions must be written alike (4/8 is not
+the answer 1/2), and any other pair must satisfy ``simplify(a - b) == 0``. Words compare as strings,
+case-insensitively. sympy is imported lazily; without it only the string comparison runs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ THOUGHT_PROMPT = (
 NEXT_STEP = "Write Step {k} only, as one short paragraph."
 LAST_STEP = "Write Step {k} only: finish the solution and put the final answer in \\boxed{{}}."
 
+# A run of these after a number is a unit ("12 square feet"); a trailing \text{ ...} group that starts
+# with a space is a unit whatever it says, as in Hendrycks' _remove_right_units ("5 \text{ m}").
 UNIT_WORDS = (
     "degrees?|cm|centimeters?|meters?|km|kilometers?|inches|inch|feet|foot|ft|yards?|miles?|mph|"
     "units?|square|seconds?|minutes?|hours?|days?|weeks?|months?|years?|dollars?|cents?|points?|"
@@ -46,6 +51,13 @@ UNIT_WORDS = (
 THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 FUNCTIONS = ("sqrt", "pi", "oo", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp")
 SAFE_EXPRESSION = re.compile(r"[0-9A-Za-z+\-*/().,^ ]*")
+TEXT_UNITS = re.compile(
+    r"(?<=\S)\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s[^{}]*\}\s*(?:\^\s*\{?\s*[23]\s*\}?)?\s*\.?\s*$"
+)
+WORD = re.compile(r"[A-Za-z]{2,}")
+# The largest exponent sympy may meet, the exponents of nested powers multiplied ((2^{10})^{3} has 30):
+# exact arithmetic and evalf on 9^{9^{9^{9}}} would not finish.
+MAX_EXPONENT = 1000
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -85,9 +97,17 @@ def extract_boxed(text: str) -> str | None:
     found = list(re.finditer(r"answer is:?", text, flags=re.IGNORECASE))
     if not found:
         return None
-    tail = text[found[-1].end() :].split("\n", 1)[0].strip()
-    tail = re.sub(r"\.$", "", tail).strip().strip("$").strip()
-    return tail or None
+    return _stated_answer(text[found[-1].end() :].split("\n", 1)[0].strip())
+
+
+def _stated_answer(tail: str) -> str | None:
+    """The answer that opens ``tail``: its leading $...$ formula, else the text up to the sentence end.
+
+    "$x = 5$. Another line" -> "x = 5"; "3.5 meters. Then" -> "3.5 meters" (a decimal point is no end).
+    """
+    formula = re.match(r"\$+([^$]*)\$", tail)
+    answer = formula.group(1) if formula else re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0].strip("$")
+    return answer.strip() or None
 
 
 def _braced(text: str, open_at: int) -> tuple[str, int] | None:
@@ -116,8 +136,11 @@ def normalize_answer(answer: str) -> str:
     s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\circ", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    s = TEXT_UNITS.sub("", s)
     s = re.sub(r"\\(?:text|textbf|textrm|mathrm|mbox|mathbf)\s*\{([^{}]*)\}", r"\1", s)
-    s = re.sub(rf"(\d|\}})\s*(?:{UNIT_WORDS})(?:\^?\{{?[23]\}}?)?\s*\.?\s*$", r"\1", s)
+    s = re.sub(rf"(\d|\}})(?:\s*(?:{UNIT_WORDS}))+(?:\^?\{{?[23]\}}?)?\s*\.?\s*$", r"\1", s)
+    s = re.sub(r",?\s+and\s+", ",", s)  # "1 and -2" lists the same roots as "1,-2"
+    s = re.sub(r"_\{\s*(\w+)\s*\}", r"_\1", s)  # base subscripts: 52_{8} is 52_8
     s = re.sub(r"^\s*[a-zA-Z]\s*\\in\s*", "", s)
     s = re.sub(r"\s*\.\s*$", "", s).strip()
     s = _strip_short_lhs(s)
@@ -128,7 +151,7 @@ def normalize_answer(answer: str) -> str:
     s = re.sub(r"(^|[^\d])\.(\d)", r"\g<1>0.\2", s)
     s = _fix_a_slash_b(s)
     s = re.sub(r"^\(([A-Ea-e])\)$", r"\1", s)
-    return s
+    return s.lower() if WORD.fullmatch(s) else s  # "East" answers "east"; one letter keeps its case
 
 
 def _strip_short_lhs(s: str) -> str:
@@ -218,22 +241,57 @@ def _sequences_equal(a: tuple[str, list[str], str], b: tuple[str, list[str], str
 
 
 def _symbolically_equal(a: str, b: str) -> bool:
-    """Equality of two normalised answers as sympy expressions; False when either does not parse."""
+    """Exact equality of two different normalised answers; False when either does not parse.
+
+    Words are not products of letters ("seat" is not "east"), and two integer fractions must be
+    written alike, as PRM800K grades: an unreduced \\frac{4}{8} does not answer \\frac{1}{2}.
+    """
+    if _is_word(a) or _is_word(b):
+        return False
+    fractions = _integer_fraction(a), _integer_fraction(b)
+    if None not in fractions:
+        return fractions[0] == fractions[1]
     x, y = latex_to_sympy(a), latex_to_sympy(b)
     if x is None or y is None:
         return False
     try:
         if x == y:
             return True
-        return _close_everywhere(x, y)
+        return _close_everywhere(x, y) and _difference_is_zero(x, y)
     except (TypeError, ValueError, ArithmeticError):
         return False
+
+
+def _is_word(s: str) -> bool:
+    return WORD.fullmatch(s) is not None and s not in FUNCTIONS
+
+
+def _integer_fraction(s: str) -> tuple[int, int] | None:
+    """(numerator, denominator) as written, the sign on the numerator: '-\\frac{4}{8}' -> (-4, 8)."""
+    match = re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s)
+    if match is None:
+        return None
+    sign, num, den = -1 if match[1] else 1, int(match[2]), int(match[3])
+    return (sign * num, den) if den >= 0 else (-sign * num, -den)
+
+
+def _difference_is_zero(x: Any, y: Any) -> bool:
+    """PRM800K's test: simplify(x - y) == 0, exact (decimals were read as rationals).
+
+    The parse is unevaluated; ``doit`` evaluates it first, which settles numbers at once (simplify
+    alone takes seconds on \\sqrt{2}^{1000} - 2^{500}).
+    """
+    import sympy
+
+    difference = (x - y).doit()
+    return difference == 0 or sympy.simplify(difference) == 0
 
 
 def _close_everywhere(x: Any, y: Any) -> bool:
     """x == y numerically (relative 1e-6), at three fixed points when they have free symbols.
 
-    ``evalf(subs=...)`` evaluates in floating point, so 10^{10^{10}} cannot stall an exact computation.
+    A cheap necessary condition: most wrong answers fail it, so ``simplify`` runs only on the
+    likely equal pairs. latex_to_sympy refused huge powers, so evalf finishes.
     """
     import sympy
 
@@ -250,14 +308,16 @@ def _close_everywhere(x: Any, y: Any) -> bool:
 
 def latex_to_sympy(s: str) -> Any | None:
     """A sympy expression for a small LaTeX subset (numbers, letters, + - * / ^, \\frac, \\sqrt, \\pi,
-    \\cdot, \\times, \\infty, trig/log names, mixed numbers like 1\\frac{4}{5}); None otherwise or when
-    sympy is not installed."""
+    \\cdot, \\times, \\infty, trig/log names, mixed numbers like 1\\frac{4}{5}); None otherwise, when
+    a power is too large to compute with (see _powers_are_small) or when sympy is not installed.
+    Decimals become exact rationals: 0.3333333 is 3333333/10^7, not 1/3."""
     try:
         import sympy
         from sympy.parsing.sympy_parser import (
             convert_xor,
             implicit_multiplication_application,
             parse_expr,
+            rationalize,
             standard_transformations,
         )
     except ImportError:
@@ -267,11 +327,45 @@ def latex_to_sympy(s: str) -> Any | None:
         return None
     names: dict[str, Any] = {ch: sympy.Symbol(ch) for ch in "abcdefghjklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
     names.update(i=sympy.I, pi=sympy.pi, oo=sympy.oo, ln=sympy.log)
-    transformations = (*standard_transformations, implicit_multiplication_application, convert_xor)
+    transformations = (*standard_transformations, implicit_multiplication_application, convert_xor, rationalize)
     try:
-        return parse_expr(text, local_dict=names, transformations=transformations, evaluate=False)
+        expr = parse_expr(text, local_dict=names, transformations=transformations, evaluate=False)
     except Exception:  # noqa: BLE001 - sympy's parser raises anything from SyntaxError to TypeError
         return None
+    return expr if _powers_are_small(expr) else None
+
+
+def _powers_are_small(expr: Any, scale: float = 1.0) -> bool:
+    """Whether every power (and exp) in ``expr`` is small enough to compute with exactly.
+
+    A power's exponent must itself pass this test, and the size of its value times the sizes of the
+    exponents enclosing the power must stay <= MAX_EXPONENT. So 2^{2^{3}} (size 8) and (2^{10})^{3}
+    (10 * 3 = 30) pass, while 10^{1001} fails, and so does 9^{9^{9^{9}}}: the exponent of its
+    exponent, 9^{9} = 387420489, is too large. Checked on the unevaluated parse, before anything is
+    computed.
+    """
+    import sympy
+
+    if isinstance(expr, sympy.exp):
+        base, exponent = sympy.E, expr.args[0]
+    elif expr.is_Pow:
+        base, exponent = expr.base, expr.exp
+    else:
+        return all(_powers_are_small(arg, scale) for arg in expr.args)
+    if not _powers_are_small(exponent):
+        return False
+    size = _exponent_size(exponent)
+    return size is not None and scale * size <= MAX_EXPONENT and _powers_are_small(base, scale * size)
+
+
+def _exponent_size(exponent: Any) -> float | None:
+    """max(1, |exponent|) with each free symbol at 2, about the size of the grading points; None when
+    it has no finite value. Only called on exponents whose own powers are small, so evalf finishes."""
+    try:
+        size = abs(complex(exponent.evalf(subs=dict.fromkeys(exponent.free_symbols, 2))))
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    return max(size, 1.0) if math.isfinite(size) else None
 
 
 def _latex_to_python(s: str) -> str | None:
