@@ -96,21 +96,14 @@ def test_bad_flags_exit_2_with_a_fix(capsys, checkpoint, argv: list[str], messag
     assert message in err
 
 
+def generate_fp32(checkpoint: Path, *flags: str) -> list[str]:
+    """`spectot generate` on the tiny checkpoint, exact and without a chat template."""
+    return ["generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template", *flags]
+
+
 def test_prompt_longer_than_the_context_is_refused(capsys, checkpoint) -> None:
     long_prompt = " ".join(["w1"] * 300)  # with 1800 new tokens: past the tiny model's 2048 positions
-    code, _, err = run(
-        capsys,
-        "generate",
-        "--target",
-        str(checkpoint),
-        "--dtype",
-        "fp32",
-        "--no-chat-template",
-        "--prompt",
-        long_prompt,
-        "--max-new-tokens",
-        "1800",
-    )
+    code, _, err = run(capsys, *generate_fp32(checkpoint, "--max-new-tokens", "1800"), "--prompt", long_prompt)
     assert code == 2
     assert "context" in err
 
@@ -119,23 +112,8 @@ def test_an_over_long_prompt_late_in_a_file_is_refused_before_any_decoding(capsy
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"q": "w1 w2"}\n{"q": "w3"}\n' + json.dumps({"q": " ".join(["w1"] * 300)}) + "\n")
     out = tmp_path / "out.jsonl"
-    code, _, err = run(
-        capsys,
-        "generate",
-        "--target",
-        str(checkpoint),
-        "--dtype",
-        "fp32",
-        "--no-chat-template",
-        "--prompts",
-        str(prompts),
-        "--field",
-        "q",
-        "--max-new-tokens",
-        "1800",
-        "--out",
-        str(out),
-    )
+    flags = ["--prompts", str(prompts), "--field", "q", "--out", str(out)]
+    code, _, err = run(capsys, *generate_fp32(checkpoint, "--max-new-tokens", "1800"), *flags)
     assert code == 2
     assert "p.jsonl: prompt 3 has" in err and "context" in err
     assert not out.exists()  # nothing was decoded, so nothing is lost
