@@ -291,6 +291,18 @@ def test_without_replacement_is_lossless_after_the_draft_is_exhausted(support: i
     assert_follows(first_token_counts(p, q, children, "without_replacement", gen), p)
 
 
+@pytest.mark.parametrize("rule", ["with_replacement", "without_replacement"])
+def test_a_child_q_could_not_have_drawn_is_tried_as_a_fixed_candidate(rule: str) -> None:
+    """A first child outside q's support (q(x) = 0, e.g. grafted by another drafter), then draws from q: accepting
+    it with min(1, p(x) / 0) = 1 would emit x whenever drafted; tried as a fixed candidate it stays lossless."""
+    p = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3, 0.0])
+    q = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.5, 0.0])
+    gen = torch.Generator().manual_seed(121)
+    draws = draw_children(q, 2, rule, 4_000, gen)
+    children = torch.cat([torch.full((4_000, 1), 2), draws], dim=1)  # token 2: q = 0, p = 0.2
+    assert_follows(first_token_counts(p, q, children, rule, gen), p)
+
+
 def test_without_replacement_is_lossless_when_the_drafts_gumbel_top_k_runs_out_of_support() -> None:
     """The draft decoder's own draw (``_draw``: the top k of q / E) takes the zero-q tokens past q's support in a
     fixed order, not at random: q = [.6, .4, 0, 0, 0, 0] with 3 children always adds token 2. Verified as a

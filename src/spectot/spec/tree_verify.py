@@ -111,7 +111,8 @@ def _try_children(
     rejected = torch.zeros_like(p, dtype=torch.bool)
     for child in kids:
         x = int(tree.tokens[child])
-        q_now = torch.zeros_like(p).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q
+        fixed = q is None or float(q[x]) <= 0  # a child q could not have drawn is a fixed candidate
+        q_now = torch.zeros_like(p).index_fill_(0, torch.tensor([x]), 1.0) if fixed else q
         u = float(torch.rand((), generator=generator))
         if u * float(q_now[x]) < float(p[x]):  # accept with min(1, p(x) / q(x))
             return child, p
