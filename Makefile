@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
+	rm -f runs/solve/records.jsonl   # the demo's own output: `solve --json` refuses to empty a file of results
 	$(BIN)/spectot solve --limit 2 --engine seed-batched --json runs/solve/records.jsonl --trace runs/solve/trace.json
 	$(BIN)/spectot trace runs/solve/trace.json --out runs/solve/trace.png
 
