@@ -250,8 +250,23 @@ def test_parse_action_is_tolerant_and_returns_none_for_other_text() -> None:
     assert parse_action("  Unstack the Orange block  from on top of the YELLOW block.  ") == expected
     assert parse_action("put down the red block.") == Action("put-down", ("a",))
     assert parse_action("( stack a b )") == Action("stack", ("a", "b"))
-    for text in ["", "pick up the purple block", "stack the red block", "dance", "pick up the red block now"]:
+    for text in ["", "pick up the purple block", "stack the red block", "dance", "pick up the red and blue blocks"]:
         assert parse_action(text) is None, text
+
+
+def test_parse_action_reads_free_wording_as_llm_reasoners_does() -> None:
+    """Off-template lines (numbered, "from the table", "on the blue block"): the action the first words name,
+    then its blocks in order, as ``text_to_plan_blocksworld`` reads plans before VAL."""
+    cases = {
+        "1. pick up the red block": Action("pick-up", ("a",)),
+        "Step 2: unstack the red block from the blue block.": Action("unstack", ("a", "b")),
+        "stack the red block on the blue block": Action("stack", ("a", "b")),
+        "put down the red block on the table": Action("put-down", ("a",)),
+        "- pick up the red block from the table": Action("pick-up", ("a",)),
+    }
+    for text, action in cases.items():
+        assert parse_action(text) == action, text
+    assert parse_action("stack the blue block on the red block") == Action("stack", ("b", "a"))  # order kept
 
 
 def test_rendering_reproduces_the_rendered_jsonl(data_dir: Path) -> None:

@@ -39,6 +39,7 @@ Atom = tuple[str, ...]  # ("on", "c", "d"): the predicate, then its blocks
 World = frozenset[Atom]
 
 PLAN_END = "[PLAN END]"
+NUMBERING = re.compile(r"^(?:step\s*\d+\s*[:.)]?|\d+\s*[.):]|[-*•])\s*")  # "1." / "Step 1:" / "-" before an action
 PREDICATE_ARITY = MappingProxyType({"clear": 1, "ontable": 1, "handempty": 0, "holding": 1, "on": 2})
 
 
@@ -472,12 +473,16 @@ def _statement_text(init: str, goal: str) -> str:
 
 
 def parse_action(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> Action | None:
-    """One line of plan text -> its action, or None. Case, extra spaces and a trailing period are ignored.
+    """One line of plan text -> its action, or None. Case, extra spaces, a leading "1." / "Step 1:" / "-" and a
+    trailing period are ignored.
 
     Accepts the English form ("Unstack the orange block from on top of the yellow block.") and the PDDL form
-    ("(unstack c d)"). Blocks must be named in ``config.objects``.
+    ("(unstack c d)"). Blocks must be named in ``config.objects``. A line that is not the template word for
+    word is read as llm-reasoners' ``text_to_plan_blocksworld`` reads it before VAL: the action its first words
+    name, then the blocks in the order they appear, as many as the action takes ("unstack the red block from the
+    blue block" -> unstack a b; "stack the red block" -> None).
     """
-    line = " ".join(text.strip().lower().split()).rstrip(".").strip()
+    line = NUMBERING.sub("", " ".join(text.strip().lower().split())).rstrip(".").strip()
     if line.startswith("("):
         return parse_pddl_action(line)
     by_name = {name.lower(): obj for obj, name in config.objects.items()}
@@ -486,7 +491,24 @@ def parse_action(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> Action | N
         match = re.fullmatch(pattern, line)
         if match and all(name in by_name for name in match.groups()):
             return Action(action_name, tuple(by_name[name] for name in match.groups()))
-    return None
+    return _action_by_keywords(line, config, by_name)
+
+
+def _action_by_keywords(line: str, config: BlocksConfig, by_name: dict[str, str]) -> Action | None:
+    """The action whose words open ``line`` (the longest such: "unstack" before "stack") and the blocks named
+    after them, in order; None unless there are exactly as many as the action takes."""
+    verbs = {
+        name: template.lower().split("{}")[0].removesuffix("the ").strip() for name, template in config.actions.items()
+    }
+    opening = [name for name, verb in verbs.items() if line == verb or line.startswith(verb + " ")]
+    if not opening:
+        return None
+    action_name = max(opening, key=lambda name: len(verbs[name]))
+    found = sorted(
+        (m.start(), obj) for name, obj in by_name.items() for m in re.finditer(rf"\b{re.escape(name)}\b", line)
+    )
+    blocks = tuple(obj for _, obj in found)
+    return Action(action_name, blocks) if len(blocks) == config.actions[action_name].count("{}") else None
 
 
 def parse_plan_text(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> list[Action]:
