@@ -176,8 +176,7 @@ class ContinuousEngine:
     def _execute(self, session, live: dict[int, _Request], streams: dict[int, object], admitted) -> None:
         for key, request in list(live.items()):  # callers that gave up
             if request.future.cancelled():
-                session.release(streams.pop(key))
-                del live[key]
+                _forget(session, live, streams, key)
                 self.counters.cancelled += 1
         new = []
         for request in admitted:
@@ -250,18 +249,22 @@ class ContinuousEngine:
                 except Exception as error:  # the caller's hook (its event loop closed, ...) fails its request alone
                     log.warning("a token listener failed: dropping its request", exc_info=True)
                     _fail(request.future, error)
-                    session.release(streams.pop(s.key))
-                    del live[s.key]
+                    _forget(session, live, streams, s.key)
                     continue
             if s.finish is not None:
                 result = session.result(s)
-                session.release(s)
-                del live[s.key], streams[s.key]
+                _forget(session, live, streams, s.key)
                 self.counters.finished += 1
                 try:
                     request.future.set_result(result)
                 except InvalidStateError:  # cancelled while its last step ran
                     pass
+
+
+def _forget(session, live: dict[int, _Request], streams: dict[int, object], key: int) -> None:
+    """A request leaves the engine (finished, failed or cancelled): its stream's KV is freed."""
+    session.release(streams.pop(key))
+    del live[key]
 
 
 def _fail(future: Future, error: BaseException) -> None:

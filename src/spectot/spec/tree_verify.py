@@ -111,10 +111,11 @@ def _try_children(
     rejected = torch.zeros_like(p, dtype=torch.bool)
     for child in kids:
         x = int(tree.tokens[child])
-        fixed = q is None or float(q[x]) <= 0  # a child q could not have drawn is a fixed candidate
+        q_x = 0.0 if q is None else float(q[x])
+        fixed = q_x <= 0  # one-hot children, or a child q could not have drawn: a fixed candidate, q(x) = 1
         q_now = torch.zeros_like(p).index_fill_(0, torch.tensor([x]), 1.0) if fixed else q
         u = float(torch.rand((), generator=generator))
-        if u * float(q_now[x]) < float(p[x]):  # accept with min(1, p(x) / q(x))
+        if u * (1.0 if fixed else q_x) < float(p[x]):  # accept with min(1, p(x) / q(x))
             return child, p
         p = residual(p, q_now)
         if rule == "without_replacement" and q is not None:
