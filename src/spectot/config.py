@@ -801,12 +801,17 @@ class ServeOptions:
     port: int = field(default=8000, **opt("port to listen on"))
     method: Literal["ar", "sd"] = field(default="ar", **opt("plain decoding or speculative (needs --draft)"))
     max_streams: int = field(default=64, **opt("most requests decoded together"))
+    max_choices: int = field(
+        default=256, **opt("most completions one HTTP request may ask for (its prompts x n; more is a 400)")
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0-65535 (0: any free port), got {self.port}")
         if self.max_streams < 1:
             raise ValueError(f"--max-streams must be >= 1, got {self.max_streams}")
+        if self.max_choices < 1:
+            raise ValueError(f"--max-choices must be >= 1, got {self.max_choices}")
 
 
 @dataclass(frozen=True)

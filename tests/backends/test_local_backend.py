@@ -16,7 +16,7 @@ import asyncio
 import pytest
 import torch
 
-from spectot.backends.base import CompletionRequest
+from spectot.backends.base import Completion, CompletionRequest
 from spectot.backends.local import LocalEngineBackend
 from spectot.config import DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline
@@ -80,13 +80,17 @@ def test_stream_joins_to_the_completion_and_hides_stop_strings(pipe) -> None:
         backend = LocalEngineBackend.from_pipeline(pipe)
         try:
             request = CompletionRequest("w7 w8 w9 w10", 16, stop=(stop,) if stop else (), chat=True)
-            pieces = [p async for p in backend.stream(request)]
-            return pieces, await backend.complete(request)
+            *pieces, ending = [p async for p in backend.stream(request)]
+            return pieces, ending, await backend.complete(request)
         finally:
             await backend.aclose()
 
-    pieces, completion = asyncio.run(main())
+    pieces, ending, completion = asyncio.run(main())
+    assert all(isinstance(p, str) for p in pieces)
     assert "".join(pieces) == completion.text
+    assert isinstance(ending, Completion)  # the stream ends with its Completion: same text, reason and counts
+    assert (ending.text, ending.finish_reason) == (completion.text, completion.finish_reason)
+    assert (ending.prompt_tokens, ending.completion_tokens) == (completion.prompt_tokens, completion.completion_tokens)
     if stop:
         assert stop not in "".join(pieces)
         assert completion.finish_reason == "stop"

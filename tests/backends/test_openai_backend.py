@@ -279,9 +279,13 @@ def test_stream_pieces_and_closing_a_stream_early() -> None:
 
     async def scenario(url: str) -> None:
         async with OpenAIBackend.from_urls([url], model="fake-model", timeout=60, max_retries=0) as backend:
-            assert [p async for p in backend.stream(REQUEST)] == ["a", " b", " c"]
+            *pieces, ending = [p async for p in backend.stream(REQUEST)]
+            assert pieces == ["a", " b", " c"]
+            assert isinstance(ending, Completion) and ending.text == "a b c"
+            assert (ending.finish_reason, ending.prompt_tokens, ending.completion_tokens) == ("length", 4, 3)
             chat = CompletionRequest("x y", max_tokens=4, chat=True)
-            assert "".join([p async for p in backend.stream(chat)]) == "x y"
+            *pieces, ending = [p async for p in backend.stream(chat)]
+            assert "".join(pieces) == "x y" and (ending.finish_reason, ending.completion_tokens) == ("stop", 2)
             fake.delay = 0.3
             pieces = backend.stream(CompletionRequest("a b c d e f g h", max_tokens=8))
             assert await anext(pieces) == "a"

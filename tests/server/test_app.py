@@ -165,6 +165,18 @@ def test_a_batch_of_prompts_times_n(client, fake) -> None:
     assert body["usage"]["prompt_tokens"] == 3
 
 
+def test_too_many_choices_are_refused_before_any_work(fake) -> None:
+    client = TestClient(create_app(fake, max_choices=4))
+    response = client.post("/v1/completions", json={"prompt": ["a", "b", "c"], "n": 2})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert "asks for 6 completions (3 prompt(s) x n = 2)" in error["message"] and error["param"] == "prompt"
+    response = client.post("/v1/chat/completions", json={"messages": USER, "n": 5})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "n"
+    assert fake.requests == []
+    assert client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "max_tokens": 1}).status_code == 200
+
+
 def test_choices_run_concurrently() -> None:
     fake = FakeBackend(delay=0.2)
     body = TestClient(create_app(fake)).post("/v1/completions", json={"prompt": "a", "n": 4}).json()
@@ -417,6 +429,27 @@ def test_streamed_chat_format(client) -> None:
     assert events[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
 
 
+class EndingBackend(FakeBackend):
+    """Streams end with their ``Completion``, whose counts and reason a backend knows better than the text."""
+
+    async def stream(self, request: CompletionRequest):
+        async for piece in super().stream(request):
+            yield piece
+        text = " ".join(self.words(request))
+        yield Completion(text, "stop", prompt_tokens=1, completion_tokens=7)
+
+
+def test_a_streamed_choice_ends_as_its_completion_says() -> None:
+    """Re-derived from the text, 3 words of max_tokens 3 would be 'length' and 3 tokens."""
+    client = TestClient(create_app(EndingBackend()))
+    body = {"prompt": "a b", "max_tokens": 3, "seed": 2, "stream": True, "stream_options": {"include_usage": True}}
+    events = sse_events(stream_lines(client, "/v1/completions", body))
+    pieces = [e["choices"][0] for e in events if e["choices"]]
+    assert "".join(p["text"] for p in pieces) == "s2t0 s2t1 s2t2"
+    assert [p["finish_reason"] for p in pieces] == [None, None, None, "stop"]
+    assert events[-1]["usage"]["completion_tokens"] == 7
+
+
 def test_streamed_n_choices(client) -> None:
     body = {"prompt": "a", "n": 2, "seed": 5, "max_tokens": 2, "stream": True}
     events = sse_events(stream_lines(client, "/v1/completions", body))
@@ -548,6 +581,16 @@ def test_e2e_greedy_completions_equal_the_pipeline(tiny) -> None:
         chunks = list(chunks)
         assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
         assert chunks[-1].choices[0].finish_reason == finish(ref)
+        chunks = client.completions.create(
+            model="tiny-llama",
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = list(chunks)[-1].usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(ref.prompt_ids), len(ref.token_ids))
 
 
 def test_e2e_greedy_chat_equals_the_pipeline(tiny) -> None:
@@ -583,7 +626,11 @@ def test_e2e_openai_backend_agrees_and_cancellation_is_harmless(tiny) -> None:
             assert out.seconds > 0
             chat = await backend.complete(CompletionRequest(prompt, max_tokens=MAX_TOKENS, temperature=0.0, chat=True))
             assert chat.text == reference[True][prompt].text
-            assert "".join([p async for p in backend.stream(greedy)]) == reference[False][prompt].text
+            *pieces, ending = [p async for p in backend.stream(greedy)]
+            assert "".join(pieces) == ending.text == reference[False][prompt].text
+            assert ending.finish_reason == finish(reference[False][prompt])
+            assert ending.completion_tokens == len(reference[False][prompt].token_ids)
+            assert ending.prompt_tokens == len(reference[False][prompt].prompt_ids)
 
             # Abandon a long request mid-flight and a stream after its first piece, then ask again.
             long = CompletionRequest(prompt, max_tokens=200, temperature=1.0, seed=1)

@@ -92,8 +92,9 @@ class AsyncBackend(Protocol):
         """One completion; cancelling the awaiting task abandons the request (the backend frees it)."""
         ...
 
-    def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        """The completion's text as it is generated, in pieces (a server's ``stream: true``)."""
+    def stream(self, request: CompletionRequest) -> AsyncIterator[str | Completion]:
+        """The completion's text as it is generated, in pieces (a server's ``stream: true``), then the
+        ``Completion`` itself (its text the pieces joined): how it finished and how many tokens it took."""
         ...
 
     async def aclose(self) -> None: ...

@@ -62,9 +62,10 @@ class LocalEngineBackend:
         result = await asyncio.wrap_future(future)  # cancelling this task cancels the engine's request
         return self._completion(request, result, time.perf_counter() - t)
 
-    async def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        """Text pieces as tokens are verified; a piece that could still turn into a stop string, or
-        ends inside a multi-byte character, is held back until it cannot."""
+    async def stream(self, request: CompletionRequest) -> AsyncIterator[str | Completion]:
+        """Text pieces as tokens are verified, then the ``Completion``; a piece that could still turn into a
+        stop string, or ends inside a multi-byte character, is held back until it cannot."""
+        t = time.perf_counter()
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[list[int]] = asyncio.Queue()
         future = self._submit(request, lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids))
@@ -88,9 +89,10 @@ class LocalEngineBackend:
             result = await done
             while not pieces.empty():  # tokens of the last step may land after the future resolved
                 pieces.get_nowait()
-            text = self._text(request, result)
-            if len(text) > sent:
-                yield text[sent:]
+            completion = self._completion(request, result, time.perf_counter() - t)
+            if len(completion.text) > sent:
+                yield completion.text[sent:]
+            yield completion
         finally:
             if not done.done():
                 done.cancel()

@@ -183,10 +183,13 @@ class OpenAIBackend:
             return self._completion(response, request.chat, time.perf_counter() - start, server.url)
         raise AssertionError("unreachable: the last failed attempt raises")
 
-    async def stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        """The text in pieces as the server sends them. Opening the response is retried as ``complete`` is; once
-        it is open, a broken stream (or one the server aborts) raises ``OpenAIBackendError``: the pieces already
-        yielded cannot be taken back."""
+    async def stream(self, request: CompletionRequest) -> AsyncIterator[str | Completion]:
+        """The text in pieces as the server sends them, then the ``Completion`` (finish reason from the server,
+        token counts from its usage chunk: ``stream_options.include_usage`` is asked for; a server that sends no
+        usage leaves the counts 0). Opening the response is retried as ``complete`` is; once it is open, a broken
+        stream (or one the server aborts) raises ``OpenAIBackendError``: the pieces already yielded cannot be
+        taken back."""
+        start = time.perf_counter()
         model = await self.model()
         kwargs = self._arguments(request, model, stream=True)
         failed: _Server | None = None
@@ -206,17 +209,36 @@ class OpenAIBackend:
                 failed = server
                 continue
             server.down_until = 0.0
+            pieces: list[str] = []
+            reason: str | None = None
+            usage: Any = None
             try:
                 async for chunk in chunks:
-                    piece = _chunk_text(chunk, request.chat, server.url)
+                    usage = getattr(chunk, "usage", None) or usage
+                    if not chunk.choices:
+                        continue  # the usage-only chunk
+                    choice = chunk.choices[0]
+                    if choice.finish_reason is not None:
+                        finish_reason(choice.finish_reason, server.url)  # raises for an aborted generation
+                        reason = choice.finish_reason
+                    piece = (choice.delta.content or "") if request.chat else (choice.text or "")
                     if piece:
+                        pieces.append(piece)
                         yield piece
-                return
             except openai.APIError as exc:  # mid-stream: the pieces sent cannot be taken back, so no retry
                 raise OpenAIBackendError(f"{server.url}: the stream broke: {exc.message}", None, server.url) from exc
             finally:
                 server.outstanding -= 1
                 await chunks.close()  # on early exit or cancellation: closing the response aborts the request
+            yield Completion(
+                text="".join(pieces),
+                finish_reason=finish_reason(reason, server.url),
+                prompt_tokens=usage.prompt_tokens if usage is not None else 0,
+                completion_tokens=usage.completion_tokens if usage is not None else 0,
+                seconds=time.perf_counter() - start,
+            )
+            return
+        raise AssertionError("unreachable: the last failed attempt raises")
 
     async def aclose(self) -> None:
         for server in self._servers:
@@ -314,6 +336,8 @@ class OpenAIBackend:
             kwargs["prompt"] = request.prompt
             if logprobs:
                 kwargs["logprobs"] = 1  # the sampled token's log-probability (and the top-1 alternative)
+        if stream:
+            kwargs["stream_options"] = {"include_usage": True}  # the Completion that ends a stream counts tokens
         if self.forward_priority:
             kwargs["extra_body"] = {"priority": request.priority}
         return kwargs
@@ -339,12 +363,3 @@ class OpenAIBackend:
             logprobs=logprobs,
             seconds=seconds,
         )
-
-
-def _chunk_text(chunk: Any, chat: bool, url: str) -> str:
-    if not chunk.choices:
-        return ""  # a usage-only chunk
-    choice = chunk.choices[0]
-    if choice.finish_reason is not None:
-        finish_reason(choice.finish_reason, url)  # raises for an aborted generation
-    return (choice.delta.content or "") if chat else (choice.text or "")

@@ -253,7 +253,7 @@ def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> i
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
     backend = LocalEngineBackend.from_pipeline(pipe, options.method, options.max_streams, name=model.target)
     print(f"spectot: serving {model.target} at http://{options.host}:{options.port}/v1", file=sys.stderr)
-    serve(backend, options.host, options.port)
+    serve(backend, options.host, options.port, max_choices=options.max_choices)
     return 0
 
 

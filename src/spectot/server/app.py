@@ -17,9 +17,10 @@ conversation can be served; without it, only a single user message, passed on wi
 such as a BOS included), ``count_tokens(text) -> int`` (text alone: the prompt count of a backend without
 ``count_prompt_tokens``, and streamed usage) and ``max_context`` (prompt-length checks).
 
-Streaming caveat: ``AsyncBackend.stream`` yields text only, so a streamed choice's ``finish_reason`` and token
-counts are re-derived from its text with ``count_tokens`` ("length" when the text has ``max_tokens`` tokens);
-streamed responses carry no logprobs (asking for both is refused).
+A streamed choice's ``finish_reason`` and token counts are those of the ``Completion`` that ends the backend's
+stream; for a backend whose stream ends without one, they are re-derived from the text with ``count_tokens``
+("length" when the text has ``max_tokens`` tokens). Streamed responses carry no logprobs (asking for both is
+refused). One request may ask for at most ``max_choices`` completions (prompts times ``n``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_CHOICES = 256  # completions one request may ask for (prompts x n): OpenAI's n <= 128, and some room
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default, used when the backend's context length is unknown
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as vLLM takes (torch refuses seeds past 2**64 - 1)
 
@@ -269,6 +271,17 @@ def token_budget(
     return tokens, budget
 
 
+def check_choices(prompts: int, n: int, max_choices: int) -> None:
+    """One request may ask for at most ``max_choices`` completions: each holds KV and a decoding stream."""
+    if prompts * n > max_choices:
+        raise ApiError(
+            400,
+            f"this request asks for {prompts * n} completions ({prompts} prompt(s) x n = {n}); this server answers "
+            f"at most {max_choices} per request: send fewer prompts or a smaller n",
+            "n" if prompts == 1 else "prompt",
+        )
+
+
 def plan(
     prompts: Sequence[str], budgets: Sequence[tuple[int | None, int]], body: SamplingBody, logprobs: bool, chat: bool
 ) -> Plan:
@@ -294,8 +307,9 @@ def plan(
     return Plan(requests, [tokens for tokens, _ in budgets], body.n)
 
 
-def plan_completion(backend: AsyncBackend, body: CompletionBody) -> Plan:
+def plan_completion(backend: AsyncBackend, body: CompletionBody, max_choices: int = DEFAULT_MAX_CHOICES) -> Plan:
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    check_choices(len(prompts), body.n, max_choices)  # before any prompt is tokenised
     budgets = [token_budget(backend, prompt_tokens(backend, p, False, p), body.max_tokens, "prompt") for p in prompts]
     return plan(prompts, budgets, body, body.logprobs is not None, chat=False)
 
@@ -376,12 +390,18 @@ async def unless_disconnected(request: Request, work: asyncio.Task) -> bool:
     return not work.cancelled()
 
 
-async def stream_all(backend: AsyncBackend, requests: Sequence[CompletionRequest]) -> AsyncIterator[tuple[int, str]]:
-    """(choice, piece) from all streams as pieces arrive, and (choice, "") once a choice has ended.
+StreamEvent = str | Completion | None  # a piece of text, the choice's Completion, or None: the choice has ended
+
+
+async def stream_all(
+    backend: AsyncBackend, requests: Sequence[CompletionRequest]
+) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """(choice, event) from all streams as they arrive: its text pieces, its ``Completion`` (when the backend
+    gives one) and, once the choice has ended, None.
 
     Closing this iterator (or cancelling its consumer) cancels every stream still running.
     """
-    queue: asyncio.Queue[tuple[int, str, BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, StreamEvent, BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, request: CompletionRequest) -> None:
         pieces = backend.stream(request)
@@ -389,9 +409,9 @@ async def stream_all(backend: AsyncBackend, requests: Sequence[CompletionRequest
             async for piece in pieces:
                 if piece:
                     await queue.put((index, piece, None))
-            await queue.put((index, "", None))
+            await queue.put((index, None, None))
         except Exception as exc:
-            await queue.put((index, "", exc))
+            await queue.put((index, None, exc))
         finally:
             aclose = getattr(pieces, "aclose", None)
             if aclose is not None:
@@ -404,8 +424,7 @@ async def stream_all(backend: AsyncBackend, requests: Sequence[CompletionRequest
             index, piece, error = await queue.get()
             if error is not None:
                 raise error
-            if not piece:
-                running -= 1
+            running -= piece is None
             yield index, piece
     finally:
         for task in tasks:
@@ -455,8 +474,11 @@ def sse(event: dict[str, Any] | str) -> str:
     return f"data: {event if isinstance(event, str) else json.dumps(event, separators=(',', ':'))}\n\n"
 
 
-def streamed_ending(backend: AsyncBackend, text: str, max_tokens: int) -> tuple[str, int]:
-    """(finish_reason, completion tokens) of a streamed choice, re-derived from its text (see the module doc)."""
+def streamed_ending(backend: AsyncBackend, text: str, max_tokens: int, ending: Completion | None) -> tuple[str, int]:
+    """(finish_reason, completion tokens) of a streamed choice: its ``Completion``'s, else re-derived from its
+    text (see the module doc)."""
+    if ending is not None:
+        return ending.finish_reason, ending.completion_tokens
     count: Callable[[str], int] | None = getattr(backend, "count_tokens", None)
     if count is None or not text:
         return "stop", 0
@@ -473,19 +495,23 @@ async def stream_events(
         return sse({**header, "choices": choices})
 
     texts = ["" for _ in work.requests]
+    endings: list[Completion | None] = [None for _ in work.requests]
     if chat:
         for i in range(len(work.requests)):
             opening = {"role": "assistant", "content": ""}
             yield chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
     try:
         async with contextlib.aclosing(stream_all(backend, work.requests)) as pieces:
-            async for index, piece in pieces:
-                if piece:
-                    texts[index] += piece
-                    part = {"delta": {"content": piece}} if chat else {"text": piece}
+            async for index, event in pieces:
+                if isinstance(event, Completion):
+                    endings[index] = event
+                    continue
+                if event is not None:
+                    texts[index] += event
+                    part = {"delta": {"content": event}} if chat else {"text": event}
                     yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": None}])
                     continue
-                reason, _ = streamed_ending(backend, texts[index], work.requests[index].max_tokens)
+                reason, _ = streamed_ending(backend, texts[index], work.requests[index].max_tokens, endings[index])
                 part = {"delta": {}} if chat else {"text": ""}
                 yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
     except Exception as exc:  # the status line is sent: report in-band, as vLLM does
@@ -493,14 +519,19 @@ async def stream_events(
     else:
         if include_usage:
             prompt = sum(t or 0 for t in work.prompt_tokens)
-            completion = sum(streamed_ending(backend, t, r.max_tokens)[1] for t, r in zip(texts, work.requests))
+            completion = sum(
+                streamed_ending(backend, t, r.max_tokens, e)[1] for t, r, e in zip(texts, work.requests, endings)
+            )
             yield sse({**header, "choices": [], "usage": usage(prompt, completion)})
     yield sse("[DONE]")
 
 
 # -- the app ---------------------------------------------------------------------------------------------------
-def create_app(backend: AsyncBackend) -> FastAPI:
-    """The OpenAI-compatible API over ``backend``; the caller owns the backend (``serve`` closes it)."""
+def create_app(backend: AsyncBackend, max_choices: int = DEFAULT_MAX_CHOICES) -> FastAPI:
+    """The OpenAI-compatible API over ``backend``; the caller owns the backend (``serve`` closes it).
+    ``max_choices``: the most completions one request may ask for (its prompts times ``n``)."""
+    if max_choices < 1:
+        raise ValueError(f"max_choices must be >= 1, got {max_choices}")
     app = FastAPI(title="spectot", summary="OpenAI-compatible completions over a spectot backend")
 
     @app.exception_handler(ApiError)
@@ -565,25 +596,32 @@ def create_app(backend: AsyncBackend) -> FastAPI:
     async def completions(body: CompletionBody, request: Request) -> Response | dict[str, Any]:
         check_model(backend, body.model)
         refuse_unsupported(body)
-        return await respond(request, plan_completion(backend, body), False, body, body.logprobs is not None)
+        work = plan_completion(backend, body, max_choices)
+        return await respond(request, work, False, body, body.logprobs is not None)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatBody, request: Request) -> Response | dict[str, Any]:
         check_model(backend, body.model)
         refuse_unsupported(body)
+        check_choices(1, body.n, max_choices)
         return await respond(request, plan_chat(backend, body), True, body, body.logprobs)
 
     return app
 
 
 # -- serving ---------------------------------------------------------------------------------------------------
-def serve(backend: AsyncBackend, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def serve(
+    backend: AsyncBackend,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    max_choices: int = DEFAULT_MAX_CHOICES,
+) -> None:
     """Serve ``backend`` until interrupted (blocking), then close it."""
     import uvicorn
 
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(backend), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    )
+    app = create_app(backend, max_choices)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
 
     async def run() -> None:
         try:
