@@ -8,18 +8,34 @@ from spectot.explore.budget import allocate, k_total_from_curve
 
 
 def test_allocation_worked_example() -> None:
-    # score = C P (S_w + S_KV) = [4, 1]; softmax = [0.9526, 0.0474]; floor(8 x) = [7, 0]
-    assert allocate(8, [8, 2], [0.5, 0.5], 0.0, [1.0, 1.0]) == [7, 0]
+    # score = C P (S_w + S_KV) = [4, 1]; softmax = [0.9526, 0.0474]; floor(8 x) = [7, 0]; the unit left goes to
+    # the larger remainder (0.62 against 0.38)
+    assert allocate(8, [8, 2], [0.5, 0.5], 0.0, [1.0, 1.0]) == [8, 0]
+    assert allocate(8, [7, 2], [0.5, 0.5], 0.0, [1.0, 1.0]) == [7, 1]  # query 0 is full: the unit goes on
+
+
+def test_the_floors_never_leave_usable_budget_idle() -> None:
+    assert allocate(2, [3, 3, 3], [0.5, 0.5, 0.5], 1.0, [0.5, 0.5, 0.5]) == [1, 1, 0]  # floors alone: [0, 0, 0]
+    assert allocate(2, [3, 3, 3], [0.1, 0.9, 0.5], 1.0, [0.5, 0.5, 0.5], tau=3.0) == [0, 2, 0]  # softmax 2 x [0, .995, .004]
 
 
 def test_allocation_caps_at_capacity_and_never_exceeds_k_total() -> None:
     k = allocate(16, [2, 9, 9], [0.9, 0.1, 0.1], 0.5, [0.5, 0.5, 0.5], tau=5.0)
-    # score = [1.8, 0.9, 0.9]; softmax(5 score) = [.978, .011, .011]: query 0 would get 15 but can use 2
-    assert k == [2, 0, 0]
+    # score = [1.8, 0.9, 0.9]; softmax(5 score) = [.978, .011, .011]: query 0 would get 15 but can use 2; the
+    # other two share the 14 it cannot use
+    assert k == [2, 7, 7]
     for tau in (0.0, 0.3, 1.0, 10.0):
-        k = allocate(20, [5, 7, 3, 11], [0.2, 0.6, 0.9, 0.4], [0.1, 0.3, 0.0, 0.2], [0.4, 0.1, 0.8, 0.3], tau)
-        assert sum(k) <= 20
-        assert all(0 <= kq <= cap for kq, cap in zip(k, [5, 7, 3, 11]))
+        capacity = [5, 7, 3, 11]
+        for k_total in (0, 1, 3, 20, 40):
+            k = allocate(k_total, capacity, [0.2, 0.6, 0.9, 0.4], [0.1, 0.3, 0.0, 0.2], [0.4, 0.1, 0.8, 0.3], tau)
+            assert sum(k) == min(k_total, sum(capacity))  # all of the budget some query can use, no more
+            assert all(0 <= kq <= cap for kq, cap in zip(k, capacity))
+
+
+def test_a_negative_or_non_finite_tau_is_refused() -> None:
+    for tau in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="tau must be a finite number >= 0"):
+            allocate(4, [2, 2], [0.5, 0.5], 0.0, [1.0, 1.0], tau)
 
 
 def test_tau_zero_splits_evenly() -> None:

@@ -151,6 +151,20 @@ def test_speculation_gets_only_what_primary_work_leaves() -> None:
     assert budget.grant(0, wanted=9, kv_reuse=1.0) == 0
 
 
+def test_a_query_s_running_speculation_is_not_counted_twice() -> None:
+    """C_q = running + asked-and-not-granted: counting a granted request again once it runs (capacity 8 for a
+    query running 4) gave query 0 softmax share 0.98 of 8, and query 1 nothing while 4 units idled."""
+    budget = SharedBudget(k_total=8)
+    assert budget.grant(0, wanted=4, kv_reuse=1.0) == 4
+    budget.started(0, 4)
+    assert budget.grant(1, wanted=4, kv_reuse=1.0) == 4
+    budget.started(1, 4)
+    for _ in range(4):
+        budget.finished(0)
+    budget.leave(0)
+    assert (budget.wanted, budget.in_flight) == ({1: 0}, {1: 4})
+
+
 def test_early_finishers_get_the_width_they_would_get_beside_their_running_siblings() -> None:
     rule = width_rule(TreeSearchConfig("rebase", budget=4))  # T_b = 0.2
     first = [Child.make_dummy((), 0, reward=0.6)]

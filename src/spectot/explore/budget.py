@@ -8,9 +8,12 @@ S_KV(q) (how much of a speculative expansion's work and cache the real search ca
     score_q = C_q * P_q * (S_w + S_KV(q))
     k_q     = min(C_q, floor(k_total * softmax(tau * score)_q))
 
-so sum_q k_q <= k_total and no query gets more than it can use. Worked example: k_total = 8, C = [8, 2],
-P = [0.5, 0.5], S_w = 0, S_KV = [1, 1], tau = 1: score = [4, 1], softmax = [0.953, 0.047],
-floor(8 * .) = [7, 0] -> k = [7, 0].
+so sum_q k_q <= k_total and no query gets more than it can use. The floors alone can leave the budget idle
+(k_total = 2 over three equal queries: floor(2/3) = 0 each), so the units they leave go, one at a time, to the
+queries with room (k_q < C_q), largest remainder k_total softmax_q - k_q first (ties: the earlier query): every
+unit some query can use is used, and the softmax's order decides who gets it. Worked example: k_total = 8,
+C = [8, 2], P = [0.5, 0.5], S_w = 0, S_KV = [1, 1], tau = 1: score = [4, 1], softmax = [0.953, 0.047],
+floor(8 * .) = [7, 0], remainders [0.62, 0.38] -> k = [8, 0]. tau >= 0 (0: an even split).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def allocate(
         raise ValueError(f"reusable_weight is one number or one per query: got {len(reusable_weight)} for {n} queries")
     if k_total < 0 or any(c < 0 for c in capacity):
         raise ValueError(f"k_total and capacities must be >= 0, got {k_total} and {list(capacity)}")
+    if not (math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"tau must be a finite number >= 0 (a negative tau favours the worst queries), got {tau}")
     if n == 0:
         return []
     c = np.asarray(capacity, dtype=np.float64)  # C_q
@@ -49,7 +54,17 @@ def allocate(
     logits = tau * score
     share = np.exp(logits - logits.max())
     share /= share.sum()  # softmax(tau score)_q
-    return [min(int(cap), math.floor(k_total * s)) for cap, s in zip(capacity, share)]  # min(C_q, floor(k s_q))
+    ideal = k_total * share  # k_total softmax(tau score)_q
+    k = [min(int(cap), math.floor(x)) for cap, x in zip(capacity, ideal)]  # min(C_q, floor(k_total s_q))
+    left = k_total - sum(k)
+    while left > 0:  # the units the floors leave: largest remainder first, to queries with room
+        room = sorted((q for q in range(n) if k[q] < capacity[q]), key=lambda q: (k[q] - ideal[q], q))
+        if not room:
+            break
+        for q in room[:left]:
+            k[q] += 1
+        left -= min(left, len(room))
+    return k
 
 
 def k_total_from_curve(concurrency: Sequence[int], throughput: Sequence[float], slack: float = 0.5) -> int:

@@ -83,7 +83,7 @@ class SharedBudget:
     k_total: int
     tau: float = 1.0
     reusable_weight: float = 1.0  # S_w: target weights are reused by every expansion alike
-    wanted: dict[int, int] = field(default_factory=dict)  # C_q: speculative expansions q could start now
+    wanted: dict[int, int] = field(default_factory=dict)  # what q asked for and was not granted (at its last ask)
     kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q)
     in_flight: dict[int, int] = field(default_factory=dict)  # speculative expansions running, per query
     primary: int = 0  # primary expansions running, all queries
@@ -91,7 +91,9 @@ class SharedBudget:
     speculated: dict[int, int] = field(default_factory=dict)
 
     def grant(self, query: int, wanted: int, kv_reuse: float) -> int:
-        """How many more speculative expansions ``query`` may start now."""
+        """How many more speculative expansions ``query`` may start now (it starts them at once: ``started``).
+        C_q counts a query's running speculation and what it asked for and was not granted, so the units
+        granted are not counted twice once they run."""
         self.wanted[query], self.kv_reuse[query] = wanted, kv_reuse
         queries = list(self.wanted)
         capacity = [self.wanted[q] + self.in_flight.get(q, 0) for q in queries]
@@ -103,7 +105,9 @@ class SharedBudget:
         )
         free = k_spec - sum(self.in_flight.values())
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
-        return max(0, min(mine, free, wanted))
+        granted = max(0, min(mine, free, wanted))
+        self.wanted[query] = wanted - granted
+        return granted
 
     def started(self, query: int, units: int = 1) -> None:
         self.in_flight[query] = self.in_flight.get(query, 0) + units
@@ -119,8 +123,11 @@ class SharedBudget:
         self.hits[query] = self.hits.get(query, 0) + 1
 
     def leave(self, query: int) -> None:
+        """The query is done: it asks for nothing more (its speculation was cancelled and gave its units back)."""
         self.wanted.pop(query, None)
         self.kv_reuse.pop(query, None)
+        if not self.in_flight.get(query):
+            self.in_flight.pop(query, None)
 
 
 @dataclass

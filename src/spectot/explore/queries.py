@@ -9,6 +9,7 @@ rule; it yields one ``QueryRecord`` per finished query, in finishing order.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,8 @@ class ExploreConfig:
     def __post_init__(self) -> None:
         if self.k_total < 0 or self.lookahead < 0 or self.min_answers < 1:
             raise ValueError("k_total and lookahead must be >= 0 and min_answers >= 1")
+        if not (math.isfinite(self.tau) and self.tau >= 0):
+            raise ValueError(f"tau must be a finite number >= 0, got {self.tau}")
 
 
 @dataclass
