@@ -16,7 +16,11 @@ def test_allocation_worked_example() -> None:
 
 def test_the_floors_never_leave_usable_budget_idle() -> None:
     assert allocate(2, [3, 3, 3], [0.5, 0.5, 0.5], 1.0, [0.5, 0.5, 0.5]) == [1, 1, 0]  # floors alone: [0, 0, 0]
-    assert allocate(2, [3, 3, 3], [0.1, 0.9, 0.5], 1.0, [0.5, 0.5, 0.5], tau=3.0) == [0, 2, 0]  # softmax 2 x [0, .995, .004]
+    assert allocate(2, [3, 3, 3], [0.1, 0.9, 0.5], 1.0, [0.5, 0.5, 0.5], tau=3.0) == [
+        0,
+        2,
+        0,
+    ]  # softmax 2 x [0, .995, .004]
 
 
 def test_allocation_caps_at_capacity_and_never_exceeds_k_total() -> None:
