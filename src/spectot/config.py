@@ -783,6 +783,9 @@ class BackendOptions:
     )
     served_model: str = field(default="", **opt("model name on the servers (empty = the first in /v1/models)"))
     timeout: float = field(default=120.0, **opt("seconds per HTTP request"))
+    connect_timeout: float = field(
+        default=10.0, **opt("seconds to connect to a server before passing the request on to another")
+    )
     retries: int = field(default=3, **opt("retries with backoff on connection errors, 429 and 5xx"))
     method: Literal["ar", "sd"] = field(default="ar", **opt("local engine: plain decoding or speculative (--draft)"))
     max_streams: int = field(default=64, **opt("local engine: most requests decoded together"))
@@ -790,9 +793,9 @@ class BackendOptions:
     def __post_init__(self) -> None:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("--backend openai needs at least one --base-url (e.g. http://localhost:8000/v1)")
-        require_finite(timeout=self.timeout)
-        if self.max_streams < 1 or self.retries < 0 or self.timeout <= 0:
-            raise ValueError("--max-streams must be >= 1, --retries >= 0, --timeout > 0")
+        require_finite(timeout=self.timeout, connect_timeout=self.connect_timeout)
+        if self.max_streams < 1 or self.retries < 0 or self.timeout <= 0 or self.connect_timeout <= 0:
+            raise ValueError("--max-streams must be >= 1, --retries >= 0, --timeout and --connect-timeout > 0")
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,13 @@ def make_backend(
     if options.backend == "openai":
         from spectot.backends.openai import OpenAIBackend
 
-        return OpenAIBackend.from_urls(options.base_url, options.served_model or None, options.timeout, options.retries)
+        return OpenAIBackend.from_urls(
+            options.base_url,
+            options.served_model or None,
+            options.timeout,
+            options.retries,
+            connect_timeout=options.connect_timeout,
+        )
     from spectot.backends.local import LocalEngineBackend
     from spectot.pipeline import Pipeline
 

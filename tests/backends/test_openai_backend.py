@@ -305,24 +305,28 @@ def unused_url() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
-def test_a_server_found_down_is_skipped_for_a_while() -> None:
-    """With [dead, dead, live] and one retry, the first request may spend both attempts on the dead servers; from
-    then on both are known down and every request goes to the live one at once."""
+def test_an_unreachable_server_passes_the_request_on_and_is_skipped_for_a_while() -> None:
+    """With [dead, dead, live] and no retries, the first request goes on from each dead server to the next at
+    once (no retry spent); from then on both are known down and every request goes to the live one."""
     fake = SlowBackend()
-    outcomes: list[str | None] = []
 
     async def scenario(urls: list[str]) -> None:
-        async with quick(OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=1)) as backend:
-            for _ in range(4):
-                try:
-                    outcomes.append((await backend.complete(REQUEST)).text)
-                except OpenAIBackendError:
-                    outcomes.append(None)
+        async with OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=0) as backend:
+            assert [(await backend.complete(REQUEST)).text for _ in range(3)] == ["a b c"] * 3
+            *pieces, _ = [p async for p in backend.stream(REQUEST)]
+            assert "".join(pieces) == "a b c"
+            assert [s.down_until > time.monotonic() for s in backend._servers] == [True, True, False]
 
     with BackgroundServer(create_app(fake)) as server:
         asyncio.run(scenario([unused_url(), unused_url(), server.url]))
-    assert outcomes[1:] == ["a b c"] * 3
-    assert len(fake.requests) == outcomes.count("a b c")
+    assert len(fake.requests) == 4
+
+    async def all_dead(urls: list[str]) -> None:  # no server up: the failures are retried (and then raised)
+        async with quick(OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=1)) as backend:
+            with pytest.raises(OpenAIBackendError, match="failed after 2 attempts"):
+                await backend.complete(REQUEST)
+
+    asyncio.run(all_dead([unused_url(), unused_url()]))
 
 
 def test_a_retry_goes_to_another_server() -> None:

@@ -5,9 +5,11 @@
 the fewest requests outstanding from this backend (ties: round-robin), so a search's many concurrent requests
 spread evenly; a server that could not be reached is skipped for ``cooldown`` seconds while another is up.
 
-Failures: connection errors (connect timeouts included), 408, 429 and 5xx are retried with exponential backoff,
-or after the server's ``Retry-After`` (capped at ``MAX_RETRY_AFTER``), each retry on another server than the one
-that just failed when there is one. A read timeout is not retried: the server may still be generating, and a
+Failures: a server that cannot be reached (connection refused, connect timeout) passes the request on at once to
+a server that is up and that the request has not tried, spending no retry. Other connection errors, 408, 429
+and 5xx (and an unreachable server when no untried one is up) are retried with exponential backoff, or after the
+server's ``Retry-After`` (capped at ``MAX_RETRY_AFTER``), each retry on another server than the one that just
+failed when there is one. A read timeout is not retried: the server may still be generating, and a
 retry would double its work. Any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with
 the server's message, as does a generation the server aborted (vLLM's finish reason "abort"). Cancellation:
 cancelling the awaiting task closes the HTTP connection mid-request (httpx closes a connection whose response
@@ -22,15 +24,17 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 
 from spectot.backends.base import Completion, CompletionRequest, FinishReason
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_RETRY_AFTER = 60.0  # seconds: the longest a server's Retry-After makes a retry wait
 
@@ -164,24 +168,10 @@ class OpenAIBackend:
         start = time.perf_counter()
         model = await self.model()
         kwargs = self._arguments(request, model, stream=False)
-        failed: _Server | None = None
-        for attempt in range(self.max_retries + 1):
-            server = self._pick(avoid=failed)
-            server.outstanding += 1
-            try:
-                if request.chat:
-                    response = await server.client.chat.completions.create(**kwargs)
-                else:
-                    response = await server.client.completions.create(**kwargs)
-            except openai.APIError as exc:
-                await self._after_failure(exc, server, attempt)
-                failed = server
-                continue
-            finally:
-                server.outstanding -= 1
-            server.down_until = 0.0
-            return self._completion(response, request.chat, time.perf_counter() - start, server.url)
-        raise AssertionError("unreachable: the last failed attempt raises")
+        api = _chat_api if request.chat else _text_api
+        response, server = await self._send(lambda client: api(client).create(**kwargs))
+        server.outstanding -= 1
+        return self._completion(response, request.chat, time.perf_counter() - start, server.url)
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[str | Completion]:
         """The text in pieces as the server sends them, then the ``Completion`` (finish reason from the server,
@@ -192,53 +182,36 @@ class OpenAIBackend:
         start = time.perf_counter()
         model = await self.model()
         kwargs = self._arguments(request, model, stream=True)
-        failed: _Server | None = None
-        for attempt in range(self.max_retries + 1):
-            server = self._pick(avoid=failed)
-            server.outstanding += 1
-            try:
-                if request.chat:
-                    chunks = await server.client.chat.completions.create(**kwargs, stream=True)
-                else:
-                    chunks = await server.client.completions.create(**kwargs, stream=True)
-            except BaseException as exc:  # cancellation included: the count must come down
-                server.outstanding -= 1
-                if not isinstance(exc, openai.APIError):
-                    raise
-                await self._after_failure(exc, server, attempt)
-                failed = server
-                continue
-            server.down_until = 0.0
-            pieces: list[str] = []
-            reason: str | None = None
-            usage: Any = None
-            try:
-                async for chunk in chunks:
-                    usage = getattr(chunk, "usage", None) or usage
-                    if not chunk.choices:
-                        continue  # the usage-only chunk
-                    choice = chunk.choices[0]
-                    if choice.finish_reason is not None:
-                        finish_reason(choice.finish_reason, server.url)  # raises for an aborted generation
-                        reason = choice.finish_reason
-                    piece = (choice.delta.content or "") if request.chat else (choice.text or "")
-                    if piece:
-                        pieces.append(piece)
-                        yield piece
-            except openai.APIError as exc:  # mid-stream: the pieces sent cannot be taken back, so no retry
-                raise OpenAIBackendError(f"{server.url}: the stream broke: {exc.message}", None, server.url) from exc
-            finally:
-                server.outstanding -= 1
-                await chunks.close()  # on early exit or cancellation: closing the response aborts the request
-            yield Completion(
-                text="".join(pieces),
-                finish_reason=finish_reason(reason, server.url),
-                prompt_tokens=usage.prompt_tokens if usage is not None else 0,
-                completion_tokens=usage.completion_tokens if usage is not None else 0,
-                seconds=time.perf_counter() - start,
-            )
-            return
-        raise AssertionError("unreachable: the last failed attempt raises")
+        api = _chat_api if request.chat else _text_api
+        chunks, server = await self._send(lambda client: api(client).create(**kwargs, stream=True))
+        pieces: list[str] = []
+        reason: str | None = None
+        usage: Any = None
+        try:
+            async for chunk in chunks:
+                usage = getattr(chunk, "usage", None) or usage
+                if not chunk.choices:
+                    continue  # the usage-only chunk
+                choice = chunk.choices[0]
+                if choice.finish_reason is not None:
+                    finish_reason(choice.finish_reason, server.url)  # raises for an aborted generation
+                    reason = choice.finish_reason
+                piece = (choice.delta.content or "") if request.chat else (choice.text or "")
+                if piece:
+                    pieces.append(piece)
+                    yield piece
+        except openai.APIError as exc:  # mid-stream: the pieces sent cannot be taken back, so no retry
+            raise OpenAIBackendError(f"{server.url}: the stream broke: {exc.message}", None, server.url) from exc
+        finally:
+            server.outstanding -= 1
+            await chunks.close()  # on early exit or cancellation: closing the response aborts the request
+        yield Completion(
+            text="".join(pieces),
+            finish_reason=finish_reason(reason, server.url),
+            prompt_tokens=usage.prompt_tokens if usage is not None else 0,
+            completion_tokens=usage.completion_tokens if usage is not None else 0,
+            seconds=time.perf_counter() - start,
+        )
 
     async def aclose(self) -> None:
         for server in self._servers:
@@ -276,12 +249,51 @@ class OpenAIBackend:
                 )
         return self._model
 
-    def _pick(self, avoid: _Server | None = None) -> _Server:
-        """The server with the fewest outstanding requests among those up (all, when none is) other than ``avoid``
-        (the one that just failed, unless it is the only choice); among ties, the next one after the last pick."""
+    async def _send(self, create: Callable[[openai.AsyncOpenAI], Awaitable[T]]) -> tuple[T, _Server]:
+        """``create(client)`` on a server, with the retries and fail-over of the module doc; returns its result and
+        the server, whose ``outstanding`` count the caller brings down when it is done with the response.
+
+        A server that cannot be reached sends the request on to a server that is up and not yet tried by it at
+        once, with no backoff and no retry spent (with [dead, dead, live], the first request reaches the live
+        one); a retry, after its backoff, goes to another server than the one that just failed when there is one.
+        """
+        attempt = 0
+        failed: _Server | None = None
+        unreachable: list[_Server] = []  # servers this request could not reach
+        while True:
+            server = self._pick(avoid=[*unreachable, failed] if failed is not None else unreachable)
+            server.outstanding += 1
+            try:
+                result = await create(server.client)
+            except BaseException as exc:  # cancellation included: the count must come down
+                server.outstanding -= 1
+                if not isinstance(exc, openai.APIError):
+                    raise
+                failed = server
+                if self._fail_over(exc, server, unreachable):
+                    continue
+                await self._after_failure(exc, server, attempt)
+                attempt += 1
+                continue
+            server.down_until = 0.0
+            return result, server
+
+    def _fail_over(self, exc: openai.APIError, server: _Server, unreachable: list[_Server]) -> bool:
+        """Whether a request that could not reach ``server`` goes on at once: some server is up that it has not
+        tried (``server`` is marked down for ``cooldown`` seconds either way)."""
+        if not isinstance(exc, openai.APIConnectionError) or is_read_timeout(exc):
+            return False
+        server.down_until = time.monotonic() + self.cooldown
+        unreachable.append(server)
+        now = time.monotonic()
+        return any(s.down_until <= now and all(s is not u for u in unreachable) for s in self._servers)
+
+    def _pick(self, avoid: Sequence[_Server] = ()) -> _Server:
+        """The server with the fewest outstanding requests among those up (all, when none is) other than those in
+        ``avoid`` (unless no other is left); among ties, the next one after the last pick."""
         now = time.monotonic()
         choices = [s for s in self._servers if s.down_until <= now] or self._servers
-        choices = [s for s in choices if s is not avoid] or choices
+        choices = [s for s in choices if all(s is not a for a in avoid)] or choices
         fewest = min(s.outstanding for s in choices)
         count = len(self._servers)
         for step in range(count):
@@ -363,3 +375,11 @@ class OpenAIBackend:
             logprobs=logprobs,
             seconds=seconds,
         )
+
+
+def _text_api(client: openai.AsyncOpenAI) -> Any:
+    return client.completions
+
+
+def _chat_api(client: openai.AsyncOpenAI) -> Any:
+    return client.chat.completions
