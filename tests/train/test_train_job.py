@@ -101,3 +101,37 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
     with pytest.raises(ValueError, match="not a draft folder"):
         train("no_draft", (b,), init=str(tmp_path))
     assert not (tmp_path / "wrong_kind" / "train.json").exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_draft_or_corpus_order(tiny_checkpoint, tmp_path) -> None:
+    """The checkpoint's job covers the draft (its head), the corpus files in order and how their features were
+    made: --head-vocab 12 or the files swapped would resume a 16-token head's weights, or another batch order."""
+    import pytest
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    a, b = corpus(tmp_path / "a.jsonl", 0, 6), corpus(tmp_path / "b.jsonl", 7, 4)
+    common = {"features": str(tmp_path / "features"), "layers": 1, "epochs": 1, "out": str(tmp_path / "out")}
+
+    def train(files: tuple[str, ...], **extra) -> dict:
+        options = TrainDraftOptions(corpus=files, **{**common, "head_vocab": 16, **extra})
+        return run_train_draft(model, options, lambda *args, **kwargs: None)
+
+    train((a, b))
+    assert train((a, b), resume=True)["train"]["steps"] >= 1  # the same job resumes
+    with pytest.raises(ValueError, match=r"belongs to another training job \(identity differ\)"):
+        train((a, b), resume=True, head_vocab=12)
+    with pytest.raises(ValueError, match="belongs to another training job"):
+        train((b, a), resume=True)
+
+
+def test_prompts_are_encoded_as_the_pipeline_encodes_them(tiny_checkpoint, tmp_path) -> None:
+    """--no-chat-template (or a tokenizer without one): question lines are the plain text with the tokenizer's
+    special tokens, as Pipeline.encode feeds prompts; the tiny tokenizer has no template, so every line trains."""
+    path = tmp_path / "q.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": f"w{i} w{i + 1}", "answer": f"w{i + 2} w9"}) + "\n" for i in range(5))
+    )
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    options = TrainDraftOptions(corpus=(str(path),), out=str(tmp_path / "out"), head_vocab=16, epochs=1, layers=1)
+    result = run_train_draft(model, options, lambda *args, **kwargs: None)
+    assert result["corpus"]["sequences"] == 5 and result["corpus"]["skipped_lines"] == []

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records, machine_info
+from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.bench.trees import profile_costs
 from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline, make_proposer, size_pct_trees
@@ -49,7 +49,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     texts = questions + [cot_prompt(s) for s in inputs]
     prompts = [pipe.encode(t) for t in texts]
     methods = _methods(opts)
-    config_key = {**asdict(opts), **asdict(model_opts)}
+    config_key = run_identity({**asdict(opts), **asdict(model_opts)})
     records = load_records(out / "records.jsonl", config_key)
     # prompt-major order: a machine whose speed drifts during the run (shared memory bandwidth) slows
     # every draft alike, where method-major order would hand the drift to whichever draft ran then

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import machine_info
+from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.config import BenchGenerateOptions, DraftOptions, ModelOptions
 from spectot.data.jsonl import read_field
 from spectot.models.registry import spectot_home
@@ -71,8 +71,8 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
         "spectot_ar": lambda p: spectot(p, "ar"),
         "spectot_sd_ngram": lambda p: spectot(p, "sd"),
     }
-    config_key = {**asdict(opts), **asdict(model_opts)}
-    records = _load_records(out / "records.jsonl", config_key)
+    config_key = run_identity({**asdict(opts), **asdict(model_opts)})
+    records = load_records(out / "records.jsonl", config_key)
     todo = [(m, i) for i in range(len(prompts)) for m in METHODS if (m, i) not in records]
     with progress_bar() as bar:
         task = bar.add_task("bench generate", total=len(todo))
@@ -81,16 +81,14 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
                 runners[method](prompts[0][:32])
         # interleave methods per prompt so machine drift hits every method alike
         for method, i in todo:
-            for _ in range(opts.repeats):
+            best: dict | None = None
+            for _ in range(opts.repeats):  # the fastest pass is the one reported
                 t = time.perf_counter()
                 tokens, stats = runners[method](prompts[i])
                 seconds = time.perf_counter() - t
-                rec = records.get((method, i))
-                if rec is None or seconds < rec["seconds"]:
-                    rec = {"method": method, "prompt": i, "seconds": seconds, "tokens": tokens, "stats": stats}
-            records[(method, i)] = rec
-            with (out / "records.jsonl").open("a") as f:
-                f.write(json.dumps({"config": config_key, **rec}) + "\n")
+                if best is None or seconds < best["seconds"]:
+                    best = {"method": method, "prompt": i, "seconds": seconds, "tokens": tokens, "stats": stats}
+            append_record(out / "records.jsonl", config_key, (method, i), best, records)
             bar.advance(task)
         bar.update(task, description="t(n) curve")
         curve = measure_t_curve(pipe.runner, opts.tn_max)
@@ -112,16 +110,6 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
 
 def _no_draft() -> DraftOptions:
     return DraftOptions(draft="none")
-
-
-def _load_records(path: Path, config_key: dict) -> dict[tuple[str, int], dict]:
-    records: dict[tuple[str, int], dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.pop("config") == config_key:
-                records[(rec["method"], rec["prompt"])] = rec
-    return records
 
 
 def _summarize(records: dict[tuple[str, int], dict], n_prompts: int) -> dict[str, dict]:

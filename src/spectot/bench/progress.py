@@ -6,6 +6,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def progress_bar() -> Progress:
+    """Elapsed time and ETA; the speed is averaged over the last hour (rich's default 30 s leaves no ETA when one
+    unit, e.g. a problem of ``bench tot``, takes longer than that)."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -13,4 +15,5 @@ def progress_bar() -> Progress:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
+        speed_estimate_period=3600,
     )

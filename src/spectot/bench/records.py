@@ -1,13 +1,29 @@
 """Benchmark records: one JSON line per finished measurement, keyed by the run's configuration,
-so an interrupted benchmark resumes where it stopped and a changed configuration starts afresh."""
+so an interrupted benchmark resumes where it stopped and a changed configuration starts afresh.
+
+A configuration is what the flags say and what they name: ``run_identity`` adds the content of every file or
+folder a flag names (a data file edited, a draft retrained in the same folder: not the same run) and the
+machine (timings from another machine are not reused). A run killed while appending leaves a torn last line:
+it is cut off, and that measurement is made again.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
+import logging
 import platform
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from spectot.data.jsonl import DataError
+
+logger = logging.getLogger(__name__)
+
+LARGE_FILE = 256 * 2**20  # bytes: a larger file is identified by its size and modification time, not read
 
 
 def machine_info() -> dict:
@@ -18,20 +34,79 @@ def machine_info() -> dict:
     return info
 
 
-def load_records(path: Path, config_key: dict) -> dict[tuple, dict]:
-    records = {}
-    stored = json.loads(json.dumps(config_key))  # as written: tuples come back as lists
-    if path.exists():
-        for line in path.read_text().splitlines():
+def content_id(path: str | Path) -> str:
+    """A short digest of a file's bytes, or of a folder's files (names and bytes, in name order)."""
+    path = Path(path)
+    digest = hashlib.blake2b(digest_size=12)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        stat = file.stat()
+        if stat.st_size > LARGE_FILE:
+            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+            continue
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def run_identity(options: dict[str, Any], outputs: tuple[str, ...] = ("out",)) -> dict[str, Any]:
+    """The identity of a run: its options, the content of each file or folder an option names (but the
+    ``outputs``: the folder the records go to), the machine and spectot's version."""
+    inputs = {
+        name: content_id(value)
+        for name, value in options.items()
+        if name not in outputs and isinstance(value, str) and value and Path(value).exists()
+    }
+    return {**options, "inputs": inputs, "machine": machine_info(), "spectot": _version()}
+
+
+def load_records(path: Path, config: dict) -> dict[tuple, dict]:
+    """The records of ``config`` in ``path``; a torn last line (a kill mid-append) is cut off, any other line that
+    is not a record is a DataError naming it, and records of other configurations are left (and counted in a
+    warning)."""
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    if lines[-1]:  # no final newline: the append that wrote it was cut short
+        logger.warning("%s: the last record was cut short (the run was killed): it is measured again", path)
+        with path.open("r+b") as f:
+            f.truncate(len(raw) - len(lines[-1]))
+    stored = json.loads(json.dumps(config))  # as written: tuples come back as lists
+    records, others = {}, 0
+    for number, line in enumerate(lines[:-1], start=1):
+        try:
             rec = json.loads(line)
-            if rec["config"] == stored:
-                records[tuple(rec["key"])] = rec["value"]
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(
+                f"{path}:{number}: not a JSON line of benchmark records; use another output folder"
+            ) from None
+        mine = isinstance(rec, dict) and rec.get("config") == stored and isinstance(rec.get("key"), list)
+        if mine and "value" in rec:
+            records[tuple(rec["key"])] = rec["value"]
+        else:
+            others += 1  # another configuration's, or an older spectot's format
+    if others:
+        logger.warning(
+            "%s: %d record(s) of another configuration (flags, files, machine or version differ) are not reused",
+            path,
+            others,
+        )
     return records
 
 
-def append_record(path: Path, config_key: dict, key: tuple, value: dict, records: dict[tuple, dict]) -> None:
+def append_record(path: Path, config: dict, key: tuple, value: dict, records: dict[tuple, dict]) -> None:
     if key in records:
         return
     records[key] = value
     with path.open("a") as f:
-        f.write(json.dumps({"config": config_key, "key": list(key), "value": value}) + "\n")
+        f.write(json.dumps({"config": config, "key": list(key), "value": value}) + "\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("spectot")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

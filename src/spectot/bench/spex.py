@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records, machine_info
+from spectot.bench.records import append_record, content_id, load_records, machine_info, run_identity
 from spectot.explore.bound import per_request_rate, replay_seconds
 from spectot.explore.budget import k_total_from_curve
 from spectot.tree_solve import TreeSolveRun
@@ -87,7 +87,7 @@ def run_bench_spex(
     # (each cell records its task's data file instead: a cell is redone when that file changes)
     selection = ("gsm8k", "math500", "searches", "in_flight", "variants", "remote", "out")
     config_key = {k: v for k, v in asdict(opts).items() if k not in selection}
-    config_key |= {**asdict(model), **asdict(draft), **asdict(tree), **asdict(sampling)}
+    config_key = run_identity(config_key | {**asdict(model), **asdict(draft), **asdict(tree), **asdict(sampling)})
     records = load_records(out / "records.jsonl", config_key)
 
     k_total = opts.fixed_k_total
@@ -109,8 +109,9 @@ def run_bench_spex(
         for first in chunk_starts(opts.problems, opts.chunk, queries)
         for variant in variants
     ]
-    for key in [c for c in todo if c in records and records[c]["data"] != dict(tasks)[c[0]]]:
-        del records[key]  # run on another data file: run again
+    data = {name: {"path": path, "content": content_id(path)} for name, path in tasks}
+    for key in [k for k in records if len(k) == 5 and k[0] in data and records[k]["data"] != data[k[0]]]:
+        del records[key]  # run on another data file (or this one before an edit): neither reused nor reported
     todo = [c for c in todo if c not in records]
     with progress_bar() as bar:
         job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c[2], c[4]) for c in todo))
@@ -132,7 +133,7 @@ def run_bench_spex(
                 report=lambda *a: bar.advance(job),
             )
             value = {"seconds": run.seconds, "engine": run.engine, "queries": [_lean(r) for r in run.records]}
-            value |= {"k_total": k_total, "early_stop": options.early_stop, "data": dict(tasks)[task]}
+            value |= {"k_total": k_total, "early_stop": options.early_stop, "data": data[task]}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant, first), value, records)
             write_results(out, records, cells, config_key, opts)  # the table so far: an interrupted run has one
     remote = records.get(("remote",))
@@ -213,7 +214,9 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
         if not done:
             continue
         value = cell_value([records[(*cell, first)] for first in done])
-        row = {"task": task, "search": search, "in_flight": queries, "variant": variant}
+        data = records[(*cell, done[0])].get("data")
+        row = {"task": task, "data": data["path"] if isinstance(data, dict) else data}
+        row |= {"search": search, "in_flight": queries, "variant": variant}
         row.update({k: v for k, v in value.items() if k not in ("answers", "engine")})
         both = [first for first in done if (task, search, queries, "plain", first) in records]
         if variant == "plain" and search in BFS and curve is not None:
@@ -368,6 +371,9 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
         f"Thoughts sampled at temperature {sampling.thought_temperature:g}, top-p {sampling.thought_top_p:g}; "
         f"evaluations at temperature {sampling.eval_temperature:g}.",
     ]
+    sources = sorted({(r["task"], r["data"]) for r in rows if r.get("data")})
+    if sources:
+        lines += ["", "Questions from: " + "; ".join(f"{task} `{path}`" for task, path in sources) + "."]
     if any(r["search"] in ("rstar", "rest-mcts") and "spex" in r["variant"] for r in rows):
         mode = (config or {}).get("dfs_speculation", "fold")  # runs before the option existed folded
         lines += [

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records, machine_info
+from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.config import BenchTotOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.search.policy import ComponentStats
 
@@ -43,7 +43,7 @@ def run_bench_tot(
     # tasks, engines and problems can be added to a finished run
     selection = ("tasks", "engines", "problems", "out")
     config_key = {k: v for k, v in asdict(opts).items() if k not in selection}
-    config_key |= {**asdict(model_opts), **asdict(draft_opts), **asdict(search)}
+    config_key = run_identity(config_key | {**asdict(model_opts), **asdict(draft_opts), **asdict(search)})
     records = load_records(out / "records.jsonl", config_key)
     costs = records.get(("costs",))
     if costs is None and draft_opts.draft != "none":  # one t(n) / c measurement shared by every engine

@@ -88,7 +88,11 @@ def read_corpus(
             lines = ", ".join(map(str, short[:5])) + (", ..." if len(short) > 5 else "")
             logger.warning("%s: %d line(s) of fewer than 2 tokens dropped (lines %s)", path, len(short), lines)
     if not sequences:
-        raise DataError(f"no usable lines in {', '.join(paths)} ({len(issues)} malformed, {dropped} too short)")
+        first = "; ".join(f"{i.path}:{i.line}: {i.reason}" for i in issues[:3]) + ("; ..." if len(issues) > 3 else "")
+        raise DataError(
+            f"no usable lines in {', '.join(paths)} ({len(issues)} malformed, {dropped} too short)"
+            + (f": {first}" if issues else "")
+        )
     return sequences, issues
 
 
@@ -271,8 +275,10 @@ def train(
     checkpoint: Path,
     resume: bool,
     report: Report | None = None,
+    identity: dict | None = None,
 ) -> dict:
-    """Train ``draft`` in place; returns the training summary (final loss, steps, tokens)."""
+    """Train ``draft`` in place; returns the training summary (final loss, steps, tokens). ``identity``: what
+    else a checkpoint must match to be resumed (the job's draft and corpus, see ``run_train_draft``)."""
     from spectot.models.draft_decoder import random_block_starts
 
     vocab = int(draft.model.config.vocab_size)
@@ -292,15 +298,19 @@ def train(
     total_steps = max(1, math.ceil(settings.epochs * len(batches)))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: learning_rate_factor(step, total_steps))
     state = {"step": 0, "losses": [], "tokens": 0, "seconds": 0.0}
-    job = _job_identity(records, settings)
+    job = _job_identity(records, settings) | ({"identity": identity} if identity else {})
     if resume and checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False, map_location=device)
         if saved.get("job", job) != job:
+            differ = sorted(k for k in {*job, *saved.get("job", {})} if job.get(k) != saved["job"].get(k))
             raise ValueError(
-                f"{checkpoint} belongs to another training job (other corpus or settings): resume it with its own "
-                f"--corpus files and flags, or train into a new --out folder"
+                f"{checkpoint} belongs to another training job ({', '.join(differ)} differ): resume it with its own "
+                f"--corpus files (in the same order) and flags, or train into a new --out folder"
             )
-        draft.load_state_dict(saved["model"], strict=False)
+        missing, unexpected = draft.load_state_dict(saved["model"], strict=False)
+        missing = [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]  # the target's, not saved
+        if missing or unexpected:
+            raise ValueError(f"{checkpoint} does not fit this draft (missing {missing}, unexpected {unexpected})")
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         state = saved["state"]

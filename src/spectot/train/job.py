@@ -46,7 +46,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     tokenizer = target.tokenizer
     init_folder = _starting_folder(options.init, model.target, options.kind, fingerprint(target.model))
 
-    def encode_chat(text: str) -> list[int]:
+    def encode_chat(text: str) -> list[int]:  # a prompt, as Pipeline.encode feeds it at inference
+        if not (model.chat_template and tokenizer.chat_template is not None):
+            return list(tokenizer(text)["input_ids"])
         messages = [{"role": "user", "content": text}]
         return list(
             tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
@@ -77,9 +79,10 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     issues = [issue for _, _, file_issues in corpora for issue in file_issues]
     for issue in issues:
         logger.warning("%s line %d skipped: %s", issue.path, issue.line, issue.reason)
-    total, done, shards = sum(map(len, sequences)), 0, []
+    total, done, shards, folders = sum(map(len, sequences)), 0, [], []
     for path, file_sequences, _ in corpora:
         folder = features / _features_name(path)
+        folders.append(folder.name)
         _check_features_meta(folder, {**setup, "sequences": len(file_sequences)})
 
         def progress(stage: str, finished: int, _: int, base: int = done) -> None:
@@ -124,7 +127,16 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         checkpoint_minutes=options.checkpoint_minutes,
         use_hidden=config.hidden_layer is not None,
     )
-    summary = train(draft, load_shards(shards), settings, out / "checkpoint.pt", options.resume, report)
+    # what a checkpoint must also match to be resumed: the draft's shape and head, the corpus files in order (their
+    # features folders are named by content) and how their features were made
+    identity = {
+        "draft": {k: v for k, v in asdict(config).items() if k != "target_config"},
+        "head_ids": hashlib.blake2b(head_ids.to(torch.int64).numpy().tobytes(), digest_size=8).hexdigest(),
+        "corpus": folders,
+        "features": setup,
+        "chat_template": model.chat_template,
+    }
+    summary = train(draft, load_shards(shards), settings, out / "checkpoint.pt", options.resume, report, identity)
     draft.save(out, head_ids)
     result = {
         "options": asdict(options),
