@@ -317,6 +317,103 @@ def test_mcts_speculation_folds_every_rollout_and_releases_budget(algorithm) -> 
     assert result.answer in {"0", "1", "2", ""}
 
 
+def search_on(backend, search, config, budget: SharedBudget):
+    """``search`` with an explorer over ``backend``: (result, explorer)."""
+
+    async def main():
+        explorer = Explorer(Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=7), budget)
+        try:
+            return await search(ToyTask(), PROBLEM, explorer, config), explorer
+        finally:
+            await explorer.close()
+
+    return asyncio.run(main())
+
+
+class FlakyBackend(ScriptedBackend):
+    """Fails the first ``failures`` requests sent at a speculative priority (a timeout, an aborted request)."""
+
+    def __init__(self, seed: int = 0, failures: int = 1) -> None:
+        super().__init__(seed)
+        self.failures = failures
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        if request.priority != PRIMARY and self.failures:
+            self.failures -= 1
+            await asyncio.sleep(0.001)
+            raise RuntimeError("a speculative request failed")
+        return await super().complete(request)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "mode"), [("rebase", "exact"), ("rstar", "exact"), ("rest-mcts", "exact"), ("rstar", "fold")]
+)
+def test_a_failed_speculative_expansion_is_a_miss_not_the_searchs_failure(algorithm, mode) -> None:
+    config = TreeSearchConfig(algorithm, budget=10, max_children=4, rest_children=2, dfs_speculation=mode)
+    search = reward_balanced_search if algorithm == "rebase" else mcts_search
+    plain, _, _ = run(search, PlainSource, config)
+    for failures in (1, 3):
+        backend = FlakyBackend(failures=failures)
+        result, explorer = search_on(backend, search, config, SharedBudget(k_total=4))
+        assert backend.failures < failures  # failures happened
+        if mode == "exact":  # and the search is still the plain one
+            assert shape(result) == shape(plain)
+        assert len(result.leaves) >= 1
+        assert explorer.counters.failed + explorer.counters.cancelled >= 1
+
+
+def test_fold_holds_a_unit_for_each_expansion_a_rollout_runs_at_once() -> None:
+    """A REST-MCTS rollout runs rest_children expansions a step: it holds that many units (it held one, so
+    k_total 4 let 4 rollouts of 3 expansions run speculatively at once)."""
+
+    class Counting(ScriptedBackend):
+        live = peak = 0
+
+        async def complete(self, request: CompletionRequest) -> Completion:
+            speculative = request.priority == SPECULATIVE and request.prompt.startswith("think")
+            self.live += speculative
+            self.peak = max(self.peak, self.live)
+            try:
+                return await super().complete(request)
+            finally:
+                self.live -= speculative
+
+    config = TreeSearchConfig("rest-mcts", budget=12, max_children=6, rest_children=3, dfs_speculation="fold")
+    budget, backend = SharedBudget(k_total=4), Counting(0)
+    _, explorer = search_on(backend, mcts_search, config, budget)
+    assert explorer.counters.speculated > 0 and explorer.counters.budget_peak <= 4
+    assert backend.peak <= 4  # generations running speculatively at once (one rollout of 3 fits in k_total 4)
+    assert budget.in_flight.get(0, 0) == 0
+
+
+def test_a_promoted_fold_rollout_raises_its_running_step_to_primary() -> None:
+    config = TreeSearchConfig("rstar", budget=12, max_children=3, dfs_speculation="fold")
+    promoted = []
+    for seed in range(4):
+        _, _, backend = run(mcts_search, lambda e: Explorer(e, SharedBudget(k_total=3)), config, seed=seed)
+        speculative = [r for r in backend.log if r.priority == SPECULATIVE]
+        assert all(r.live_priority is not None for r in speculative)  # every step of a speculative rollout
+        promoted += [r for r in speculative if r.live_priority.value == PRIMARY]
+    assert promoted  # raised while (or before) it ran, not only the rollout's next steps
+
+
+def test_equal_states_are_counted_as_the_expansions_the_search_used() -> None:
+    """Two frontier nodes of one state share the explorer's jobs; the plain search expands both, and the saving
+    rate's denominator counts both."""
+
+    class Narrow(ScriptedBackend):
+        async def complete(self, request: CompletionRequest) -> Completion:
+            out = await super().complete(request)
+            if request.prompt.startswith("think"):
+                return Completion(f"w{_digest(request.seed) % 2}", "stop", 4, 2)
+            return out
+
+    config = TreeSearchConfig("rebase", budget=6)
+    for seed in range(3):
+        result, explorer = search_on(Narrow(seed), reward_balanced_search, config, SharedBudget(k_total=4))
+        assert explorer.counters.expansions_used == len(result.expansions)
+
+
 def test_early_stop_ends_the_search_once_the_vote_is_settled() -> None:
     config = TreeSearchConfig("rstar", budget=30, max_children=3)
     full, _, _ = run(mcts_search, PlainSource, config)

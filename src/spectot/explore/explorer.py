@@ -52,6 +52,7 @@ class SpecCounters:
     speculated: int = 0
     hits: int = 0
     cancelled: int = 0
+    failed: int = 0  # speculative expansions that failed (a timeout, an aborted request): misses, run again if needed
     wasted_tokens: int = 0
     used_tokens: int = 0
     budget_peak: int = 0  # most speculative expansions in flight at once
@@ -136,6 +137,7 @@ class _Job:
     speculative: bool
     used: bool = False
     priority: LivePriority | None = None  # a speculative job's: the search taking it over makes it primary
+    holds: bool = False  # it holds a unit of the query's budget itself (not a step of a pre-run, which holds them)
 
 
 class Explorer:
@@ -157,27 +159,39 @@ class Explorer:
         return self.budget is not None and self.budget.k_total > 0
 
     # -- what the consumer (the search) calls ------------------------------------------------------
-    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
+    async def expand(self, key: ChildKey, priority: int | LivePriority = PRIMARY) -> Child:
         """The child at ``key``: a speculated one if it exists (a hit), else a primary expansion.
         A speculative rollout's own steps (DFS fold, priority above ``PRIMARY``) run as they are: the rollout
         as a whole is what is speculated (``start``)."""
         if priority != PRIMARY:
             return await self.expander.expand(key, priority)
         job = self._jobs.get(key)
+        if job is not None and _failed(job.task) and job.speculative:
+            self.counters.failed += 1  # a speculative failure is a miss: the search runs the expansion itself
+            job = None
         if job is None or job.task.cancelled():
             job = self._jobs[key] = _Job(self._primary(key), False)
-        elif job.speculative and not job.used:
+        hit = job.speculative and not job.used
+        if hit:
             if job.priority is not None:  # what is left of it (its generation, its reward) runs as primary work
                 job.priority.set(PRIMARY)
+            if not job.holds and not job.task.done():  # a pre-run's step: primary work from now on, counted so
+                self._count_primary(job.task)
+        job.used = True
+        try:
+            child = await asyncio.shield(job.task)  # a caller giving up must not cancel a shared expansion
+        except Exception:
+            if not job.speculative:
+                raise  # primary work failed: the search fails, as the plain one would
+            self.counters.failed += 1
+            job = self._jobs[key] = _Job(self._primary(key), False, used=True)
+            child, hit = await asyncio.shield(job.task), False
+        if hit:
             self.counters.hits += 1
             self.counters.saved_expansions += 1
             if self.budget is not None:
                 self.budget.hit(self.query)
-        first_use = not job.used
-        job.used = True
-        child = await asyncio.shield(job.task)  # a caller giving up must not cancel a shared expansion
-        if first_use:
-            self._consumed([child])
+        self._consumed([child])  # every use: two frontier nodes of one state are two expansions of the plain search
         return child
 
     def ahead(self, key: ChildKey, priority: int = SPECULATIVE) -> asyncio.Future:
@@ -207,12 +221,13 @@ class Explorer:
             return 0
         return self.budget.grant(self.query, wanted, kv_reuse=depth / (depth + 1))
 
-    def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task:
-        """Run a unit of the search's own work (a DFS rollout); a speculative one holds budget."""
+    def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task:
+        """Run a unit of the search's own work (a DFS rollout); a speculative one holds ``units`` of budget (the
+        expansions it runs at once)."""
         task = asyncio.create_task(work)
         if speculative and self.budget is not None:
             self._tried()
-            self._hold(task)
+            self._hold(task, units)
         return task
 
     def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task:
@@ -233,6 +248,12 @@ class Explorer:
         """The search consumed ``expansions`` that ran speculatively (a DFS rollout's speculative steps)."""
         self.counters.saved_expansions += len(expansions)
         self._consumed(expansions)
+
+    def dropped(self, expansions: Sequence[Child]) -> None:
+        """The search cancelled a speculative rollout of its own (DFS fold: the vote settled) that had run
+        ``expansions``: one cancelled, their tokens wasted."""
+        self.counters.cancelled += 1
+        self.counters.wasted_tokens += sum(c.tokens for c in expansions)
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
         """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget);
@@ -294,10 +315,14 @@ class Explorer:
 
     def _primary(self, key: ChildKey) -> asyncio.Task:
         task = asyncio.create_task(self.expander.expand(key, PRIMARY))
+        self._count_primary(task)
+        return task
+
+    def _count_primary(self, task: asyncio.Task) -> None:
+        """``task`` counts as primary work in flight (against k_total) until it ends."""
         if self.budget is not None:
             self.budget.primary += 1
             task.add_done_callback(lambda t: self._primary_done())
-        return task
 
     def _primary_done(self) -> None:
         self.budget.primary -= 1
@@ -306,7 +331,7 @@ class Explorer:
         """A speculative expansion at ``key``; ``hold``: it holds budget itself (not a pre-run's step)."""
         live = LivePriority(priority)
         task = asyncio.create_task(self.expander.expand(key, live))
-        self._jobs[key] = _Job(task, speculative=True, priority=live)
+        self._jobs[key] = _Job(task, speculative=True, priority=live, holds=hold)
         self._tried()
         if hold:
             self._hold(task)  # speculation runs only under a budget (``speculating``)
@@ -357,3 +382,7 @@ def expected_widths(rule: WidthRule, finished: Sequence[Child], pending: int, bu
 
 def _succeeded(task: asyncio.Task) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
+
+
+def _failed(task: asyncio.Task) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None

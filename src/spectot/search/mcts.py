@@ -38,6 +38,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from spectot.backends.base import LivePriority
 from spectot.search.expansion import NEXT, PRIMARY, SPECULATIVE, Child, ChildKey
 from spectot.search.tree_search import (
     ChildSource,
@@ -65,6 +66,7 @@ class _Rollout:
     ran_speculatively: list[Child] = field(default_factory=list)  # children expanded at speculative priority
     waiting: list[ChildKey] = field(default_factory=list)  # the step being expanded now
     progress: asyncio.Event | None = None  # set after each step (exact speculation re-plans)
+    live: LivePriority | None = None  # fold: a speculative rollout's steps' priority, raised when it is promoted
 
 
 @dataclass
@@ -132,6 +134,7 @@ async def _exact_search(
             taken = ahead.pop(ChildKey(start.state, rollout.index), None)
             if taken is not None:  # the search's rollout takes over the pre-run's steps as hits
                 taken[0].cancel()
+                taken[0].add_done_callback(_quiet)  # a failed pre-run is a miss (its steps are run again)
             while not run.done():
                 progress.clear()
                 _pre_run(source, tree, rollout, ahead, config.budget - simulation - 1, config.c)
@@ -180,7 +183,8 @@ def _pre_run(
     for key in running - {key for _, key in keep}:
         t, dropped = ahead.pop(key)
         t.cancel()
-        source.retain(lambda k, waiting=frozenset(dropped.waiting): k not in waiting)
+        # its running step is cancelled; a finished one stays, in case the search comes back to that node
+        source.retain(lambda k, waiting=frozenset(dropped.waiting): k not in waiting, running_only=True)
     for start, key in [(s, k) for s, k in keep if k not in ahead][:new]:
         rollout = _Rollout((), key.index, True, SPECULATIVE, ahead=True, progress=primary.progress)
         ahead[key] = (source.reserve(_rollout(source, tree, start, rollout), tree.width), rollout)
@@ -252,8 +256,11 @@ async def _folding_search(
         nonlocal launched
         start = path[-1]
         rollout = _Rollout(path, tree.next_index.get(start, 0), speculative, SPECULATIVE if speculative else PRIMARY)
+        if speculative:  # its steps run at a priority the search raises if it makes the rollout its primary one
+            rollout.live = LivePriority(SPECULATIVE)
         tree.next_index[start] = rollout.index + tree.width
-        running[source.start(_rollout(source, tree, tree.nodes[start], rollout), speculative)] = rollout
+        # a rollout runs ``width`` expansions at once: it holds that many units of the budget
+        running[source.start(_rollout(source, tree, tree.nodes[start], rollout), speculative, tree.width)] = rollout
         launched += 1
         return rollout
 
@@ -266,6 +273,7 @@ async def _folding_search(
                 if waiting:  # a speculative rollout already started where the real selection went
                     primary = waiting[0]
                     primary.speculative, primary.priority = False, PRIMARY
+                    primary.live.set(PRIMARY)  # its running step too, not only the next ones
                     source.promote()
                 elif tree.free(path[-1]):
                     primary = launch(path, speculative=False)
@@ -274,7 +282,7 @@ async def _folding_search(
                     launched, folded = launched + 1, folded + 1
                     continue
             # -- speculate: the next selections under virtual loss, within the query's budget
-            spare = source.spare(config.budget - launched, depth=1)
+            spare = source.spare((config.budget - launched) * tree.width, depth=1) // tree.width
             for _ in range(max(0, min(spare, config.budget - launched))):
                 path = uct_path(tree.uct_view(list(running.values())), config.c)
                 if not tree.free(path[-1]):
@@ -285,7 +293,15 @@ async def _folding_search(
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
                 rollout = running.pop(finished)
-                finished.result()  # a failed expansion fails the search
+                if rollout.live is not None and finished.exception() is not None:
+                    # a rollout started speculatively failed (a timeout, an aborted low-priority request): a
+                    # miss, not the search's failure; another rollout takes its place (its child index is skipped)
+                    source.dropped(rollout.ran_speculatively)
+                    launched -= 1
+                    if rollout is primary:
+                        primary = None
+                    continue
+                finished.result()  # a failed primary expansion fails the search
                 leaf = _fold(tree, rollout)
                 consumed += [c for step in rollout.chain for c in step]
                 source.used(rollout.ran_speculatively)
@@ -299,9 +315,17 @@ async def _folding_search(
                 return result_of(task, problem, leaves, consumed, stopped=True)
         return result_of(task, problem, leaves, consumed, stopped=False)
     finally:
-        for t in running:
+        for t, rollout in running.items():
             t.cancel()
+            if rollout.speculative:  # the vote settled (or the search failed) with it still running
+                source.dropped(rollout.ran_speculatively)
         await asyncio.gather(*running, return_exceptions=True)
+
+
+def _quiet(task: asyncio.Task) -> None:
+    """Retrieve a finished task's exception (one nobody awaits anymore), so asyncio does not log it."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
@@ -314,7 +338,8 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
         if r.ahead:
             children = await asyncio.gather(*[source.ahead(k, priority) for k in r.waiting])  # started at once
         else:
-            children = await asyncio.gather(*(source.expand(k, priority) for k in r.waiting))
+            ask = r.live if r.live is not None and priority != PRIMARY else priority
+            children = await asyncio.gather(*(source.expand(k, ask) for k in r.waiting))
         if priority == SPECULATIVE and not r.ahead:
             r.ran_speculatively += children
         step = sorted(children, key=lambda c: -c.reward)  # REST-MCTS keeps the best by process reward

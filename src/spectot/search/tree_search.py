@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from spectot.backends.base import LivePriority
 from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
 from spectot.search.rebase import AnswerGroup, weighted_vote
 from spectot.tasks.base import Problem, Task
@@ -74,23 +75,25 @@ class TreeSearchResult:
 
 
 class ChildSource(Protocol):
-    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child: ...
+    async def expand(self, key: ChildKey, priority: int | LivePriority = PRIMARY) -> Child: ...
 
     def ahead(self, key: ChildKey, priority: int = SPECULATIVE) -> asyncio.Future: ...
 
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]: ...
 
-    def retain(self, keep: Callable[[ChildKey], bool]) -> None: ...
+    def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None: ...
 
     def spare(self, wanted: int, depth: int = 1) -> int: ...
 
-    def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task: ...
+    def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task: ...
 
     def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task: ...
 
     def promote(self) -> None: ...
 
     def used(self, expansions: Sequence[Child]) -> None: ...
+
+    def dropped(self, expansions: Sequence[Child]) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -101,7 +104,7 @@ class PlainSource:
 
     expander: Expander
 
-    async def expand(self, key: ChildKey, priority: int = PRIMARY) -> Child:
+    async def expand(self, key: ChildKey, priority: int | LivePriority = PRIMARY) -> Child:
         return await self.expander.expand(key, priority)
 
     def ahead(self, key: ChildKey, priority: int = SPECULATIVE) -> asyncio.Future:
@@ -110,13 +113,13 @@ class PlainSource:
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]:
         return list(await asyncio.gather(*(self.expand(k) for k in keys)))
 
-    def retain(self, keep: Callable[[ChildKey], bool]) -> None:
+    def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
         pass
 
     def spare(self, wanted: int, depth: int = 1) -> int:
         return 0
 
-    def start(self, work: Coroutine[Any, Any, Any], speculative: bool) -> asyncio.Task:
+    def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task:
         return asyncio.create_task(work)
 
     def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task:
@@ -126,6 +129,9 @@ class PlainSource:
         pass
 
     def used(self, expansions: Sequence[Child]) -> None:
+        pass
+
+    def dropped(self, expansions: Sequence[Child]) -> None:
         pass
 
     async def close(self) -> None:
