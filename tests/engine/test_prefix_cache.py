@@ -89,6 +89,18 @@ def test_a_recently_used_entry_survives_eviction(kv) -> None:
     assert prefix.longest([20, 1, 2, 3])[1] == 0 and prefix.longest([30, 1, 2, 3])[1] == 0
 
 
+def test_a_long_sequence_stays_and_one_past_the_limit_evicts_nothing(kv) -> None:
+    """Kept past 3/4 of the limit, a sequence evicted every other entry and then itself."""
+    prefix = PrefixCache(kv, max_tokens=10, min_match=2)
+    prefix.keep(make_stream(kv, [10, 1]), [10, 1])
+    prefix.keep(make_stream(kv, [20, 1]), [20, 1])
+    prefix.keep(make_stream(kv, [30, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), [30, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # 11 > 10
+    assert len(prefix) == 2 and kv.used == 4  # refused: the others stay
+    long = [40, 1, 2, 3, 4, 5, 6, 7, 8]  # 9 tokens: fits, though past 3/4 of the limit
+    prefix.keep(make_stream(kv, long), long)
+    assert len(prefix) == 1 and prefix.longest(long)[1] == 9 and kv.used == 9
+
+
 def test_bad_limits_are_refused(kv) -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         PrefixCache(kv, max_tokens=-1)
@@ -172,6 +184,31 @@ def test_an_error_mid_call_releases_its_streams_instead_of_caching_them(tiny_lla
     assert decoder.prefix_cache.held_tokens == len(PROMPT)
     decoder.prefix_cache.clear()
     assert decoder.runner.cache.used == 0
+
+
+def test_a_prefill_that_fails_gives_back_every_slot(tiny_llama, monkeypatch) -> None:
+    """A forward that raises (out of memory, an interrupt) frees its reserved slots and the prompts' forks:
+    nothing is held once the cache is cleared, call after call."""
+    target = tiny_llama()
+    decoder = Decoder(ModelRunner(target))
+    good, other = PROMPT + [4], PROMPT + [5]
+
+    forward = decoder.runner._forward_reserved
+
+    def out_of_memory(trees, *args, **kwargs):  # the prompts' forward, after their shared prefix's succeeded
+        if len(trees) > 1:
+            raise MemoryError("out of memory")
+        return forward(trees, *args, **kwargs)
+
+    for _ in range(3):
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder.runner, "_forward_reserved", out_of_memory)
+            with pytest.raises(MemoryError):
+                decoder.generate([good, other], DecodeConfig(max_new_tokens=4))
+        decoder.prefix_cache.clear()
+        assert decoder.runner.cache.used == 0
+    want = Decoder(ModelRunner(target), prefix_cache_tokens=0).generate([good], DecodeConfig(max_new_tokens=6))[0]
+    assert decoder.generate([good], DecodeConfig(max_new_tokens=6))[0].token_ids == want.token_ids
 
 
 def test_hidden_states_travel_with_their_entries_and_only_to_forks_that_ask_for_their_layer(kv) -> None:

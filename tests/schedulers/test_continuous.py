@@ -299,6 +299,36 @@ def test_a_failing_listener_fails_its_request_alone(tiny_llama) -> None:
     assert engine.decoder.runner.cache.used == 0  # the dropped request's KV was released
 
 
+def test_a_token_id_outside_the_vocabulary_fails_alone(tiny_llama) -> None:
+    target = tiny_llama()
+    engine = ContinuousEngine(Decoder(ModelRunner(target)))
+    vocab = target.get_input_embeddings().num_embeddings
+    try:
+        good = engine.submit([3, 4], DecodeConfig(max_new_tokens=8), 0)
+        for bad_id in (vocab, -1):
+            with pytest.raises(ValueError, match="outside the model's vocabulary"):
+                engine.submit([3, bad_id], DecodeConfig(max_new_tokens=4), 0).result(timeout=60)
+        assert len(good.result(timeout=60).token_ids) == 8
+        assert len(engine.submit([5], DecodeConfig(max_new_tokens=2), 0).result(timeout=60).token_ids) == 2
+    finally:
+        engine.close()
+
+
+def test_closing_the_engine_fails_the_requests_it_runs(tiny_llama) -> None:
+    """Nobody waits forever on a closed engine: a running request fails, a queued one is cancelled."""
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
+    started = threading.Event()
+    running = engine.submit([3, 4], DecodeConfig(max_new_tokens=1500), 0, listener=lambda ids: started.set())
+    queued = engine.submit([5, 6], DecodeConfig(max_new_tokens=4), 1)
+    assert started.wait(60)
+    engine.close()
+    with pytest.raises(RuntimeError, match="engine was closed"):
+        running.result(timeout=10)
+    assert queued.cancelled()
+    engine.decoder.prefix_cache.clear()
+    assert engine.decoder.runner.cache.used == 0
+
+
 def test_a_stopped_engine_refuses_new_work_at_once(tiny_llama) -> None:
     """A step that fails as a whole (here the tree budget) fails the requests it held and ends the worker; from
     then on submit() raises instead of queueing work nothing will run."""

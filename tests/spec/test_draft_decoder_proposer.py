@@ -627,15 +627,18 @@ def test_greedy_top_k_siblings_are_the_drafts_best_tokens(dist_target) -> None:
     assert float(d.confidence.max()) < 1.0
 
 
+@pytest.mark.parametrize("kind", ["edd", "edd+next"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
-def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sampling) -> None:
+def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sampling, kind) -> None:
     """A search's child prompt extends its parent's sequence. Under an EDD draft the prefix cache hands
     back the reused prefix's KV *and* its hidden states, and the draft's own prefix cache its KV, so the
     draft proposes what it would after a full prefill: the same tokens, accepted drafts and draft
     confidences (fp32). The draft's hidden
     projection is randomised so that wrong or misplaced hidden states show (an untrained draft
-    barely reads them: reversing the cached rows moved its confidences by only 2e-5)."""
-    edd = make_draft(target, "edd", HEAD_IDS)
+    barely reads them: reversing the cached rows moved its confidences by only 2e-5). Under W_n (edd+next)
+    a row holds its successor's embedding, so the sibling prompt that leaves a cached sequence one token early
+    must not reuse that sequence's last row."""
+    edd = make_draft(target, kind, HEAD_IDS)
     with torch.no_grad():
         weight = edd.hidden_proj.weight
         weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
@@ -667,6 +670,27 @@ def test_edd_drafts_from_cached_hidden_states_as_after_a_full_prefill(target, sa
     assert sum(map(sum, plain_accepted)) > 0  # the drafts are tested, not just empty
     assert (cached, cached_accepted) == (plain, plain_accepted)
     assert torch.allclose(cached_confidence, plain_confidence, rtol=0, atol=1e-6)
+
+
+def test_a_next_token_draft_remakes_the_last_row_it_reuses(target) -> None:
+    """Under W_n a draft row holds its successor's embedding: a prompt that leaves a cached sequence after 18
+    tokens must not reuse that sequence's 18th row, made for its 19th token (the confidences moved by 1e-3)."""
+    edd = make_draft(target, "edd+next", HEAD_IDS)
+    first = [3, 17, 42, 8, 21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38, 5, 19, 23, 30, 31, 32, 33]
+    second = first[:18] + [44, 45, 46, 47, 48, 49]  # past the draft cache's 16-token minimum match
+    config = DecodeConfig(method="sd", max_new_tokens=12, num_draft_tokens=3)
+
+    def run(cache_tokens: int):
+        prop = proposer(edd, prefix_tokens=cache_tokens)
+        decoder = Decoder(ModelRunner(target), proposer=prop, prefix_cache_tokens=cache_tokens)
+        decoder.generate([first], config)
+        result = decoder.generate([second], config)[0]
+        return result.token_ids, torch.tensor(result.stats.calibration_confidence), prop.prefixes.hits
+
+    plain, cached = run(0), run(4096)
+    assert cached[2] >= 1 and plain[2] == 0
+    assert cached[0] == plain[0]
+    assert torch.allclose(cached[1], plain[1], rtol=0, atol=1e-6)
 
 
 def test_graft_into_shares_agreeing_nodes_and_scores_both_branches() -> None:

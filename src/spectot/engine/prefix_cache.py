@@ -94,7 +94,8 @@ class PrefixCache:
         if hidden is not None and (hidden_layer is None or len(hidden) != len(held)):
             raise ValueError(f"hidden states need their layer and one row per token ({len(hidden)} for {len(held)})")
         layer = None if hidden is None else hidden_layer
-        if self.max_tokens == 0 or len(held) < self.min_match or self._covered(held, layer):
+        too_long = len(held) > self.max_tokens  # kept, it would evict every other entry and then itself
+        if self.max_tokens == 0 or too_long or len(held) < self.min_match or self._covered(held, layer):
             self.streams.release(sid)
             return
         for other, other_tokens in list(self._entries.items()):  # entries that are prefixes of this one
@@ -104,9 +105,11 @@ class PrefixCache:
         if hidden is not None:
             self._hidden[sid] = (hidden_layer, hidden)
         self.held_tokens += len(held)
-        if self.held_tokens > self.max_tokens:
-            while self._entries and self.held_tokens > self.max_tokens * 3 // 4:
-                self._drop(next(iter(self._entries)))
+        if self.held_tokens > self.max_tokens:  # least recently used first, down to 3/4 (the new entry stays)
+            for other in [other for other in self._entries if other != sid]:
+                if self.held_tokens <= self.max_tokens * 3 // 4:
+                    break
+                self._drop(other)
 
     def clear(self) -> None:
         for sid in list(self._entries):

@@ -496,11 +496,37 @@ class ModelRunner:
         for n in sizes[:-1]:
             offsets.append(offsets[-1] + n)
         total = sum(sizes)
-        start = self.cache.reserve(total)  # outside inference mode: a grown cache's tensors stay normal ones
         if last_only:
             logit_rows = [[n - 1] for n in sizes]
         n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
+        start = self.cache.reserve(total)  # outside inference mode: a grown cache's tensors stay normal ones
+        try:
+            logits, hidden = self._forward_reserved(trees, sizes, offsets, start, span, logit_rows, hidden_index)
+        except BaseException:  # a failed forward (a bad id, out of memory, an interrupt) gives its slots back
+            self.cache.drop_tail(start, check=False)
+            raise
+        self._pending = _Pending(start, offsets, list(trees))
+        logits = logits.float().cpu()  # host sync: sampling and verification run on the host
+        per_stream = (
+            [logits]
+            if len(trees) == 1
+            else list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
+        )
+        hidden_out = None if hidden is None else list(hidden.split(sizes))
+        return ForwardOutput(per_stream, hidden_out)
+
+    def _forward_reserved(
+        self,
+        trees: Sequence[StreamTree],
+        sizes: list[int],
+        offsets: list[int],
+        start: int,
+        span: int,
+        logit_rows: Sequence[Sequence[int]] | None,
+        hidden_index: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's work of ``forward`` into the tail slots reserved from ``start``: (logits, hidden)."""
         # one inference-mode block for the whole forward: a one-layer draft's step is mostly ~5 us torch calls
         with torch.inference_mode():
             tokens = torch.cat([st.tree.tokens for st in trees]) if len(trees) > 1 else trees[0].tree.tokens
@@ -514,16 +540,7 @@ class ModelRunner:
             rows = None if logit_rows is None else _row_index([o + r for o, rs in zip(offsets, logit_rows) for r in rs])
             if rows is not None and not isinstance(rows, slice):
                 rows = rows.to(self.device)
-            logits, hidden = self._run(embeds, positions, span, layout, start, rows, hidden_index)
-        self._pending = _Pending(start, offsets, list(trees))
-        logits = logits.float().cpu()  # host sync: sampling and verification run on the host
-        per_stream = (
-            [logits]
-            if len(trees) == 1
-            else list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
-        )
-        hidden_out = None if hidden is None else list(hidden.split(sizes))
-        return ForwardOutput(per_stream, hidden_out)
+            return self._run(embeds, positions, span, layout, start, rows, hidden_index)
 
     def _context_end(self, stream: int, new: int) -> int:
         """The stream's length once ``new`` more positions are appended; ContextOverflowError past the context."""
@@ -666,6 +683,15 @@ class ModelRunner:
         """One row on the native loop: its float logits and the tail slot it was written to (held by none yet)."""
         first = self._context_end(stream, 1) - 1
         start = self.cache.reserve(1)
+        try:
+            return self._row_logits_at(stream, token, embeds, first, start), start
+        except BaseException:  # its slot goes back, as a failed ``forward``'s do
+            self.cache.drop_tail(start, check=False)
+            raise
+
+    def _row_logits_at(
+        self, stream: int, token: torch.Tensor, embeds: torch.Tensor | None, first: int, start: int
+    ) -> torch.Tensor:
         columns = self.cache.path_with(stream, start)  # outside inference mode: a grown path stays a normal tensor
         with torch.inference_mode():
             if embeds is None:
@@ -677,8 +703,7 @@ class ModelRunner:
                 x, cos, sin, self.cache.buffer, start, columns, torch.tensor([0, first + 1]),
                 self._linear.amx_rows, self._tiles(1), 0,
             )  # fmt: skip
-            logits = self._linear(self._rms_norm(self._norm, last), self._lm_head).float()
-        return logits, start
+            return self._linear(self._rms_norm(self._norm, last), self._lm_head).float()
 
     def _embeds(self, trees: Sequence[StreamTree], tokens: torch.Tensor) -> torch.Tensor:
         """(N, H): the token embeddings, or the trees' own input vectors where given (in inference mode)."""

@@ -158,9 +158,11 @@ class ContinuousEngine:
         with self._wake:
             while not live and not self._waiting and not self._closed:
                 self._wake.wait()
-            if self._closed:
+            if self._closed:  # queued requests are cancelled, running ones fail: nobody waits on a closed engine
                 for request in self._drain():
                     request.future.cancel()
+                for request in live.values():
+                    _fail(request.future, RuntimeError("the engine was closed while the request ran"))
                 return None
             admitted = []
             while self._waiting and len(live) + len(admitted) < self.max_streams:

@@ -147,6 +147,10 @@ class Decoder:
         """Why ``prompt`` cannot be decoded under ``config`` ("has 9000 tokens; ..."), or None when it can."""
         if not prompt:
             return "has no tokens"
+        vocab = self.runner.model.get_input_embeddings().num_embeddings
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= vocab:  # it would fail the forward it shares with other requests
+            return f"has token id {low if low < 0 else high}, outside the model's vocabulary of {vocab} ids"
         if len(prompt) + config.max_new_tokens > self.runner.max_context:
             return (
                 f"has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the model's "
@@ -320,12 +324,19 @@ class DecodeSession:
             if self.prefix_cache.max_tokens:  # the prompts find it in the cache, with anything longer
                 self.prefix_cache.keep(base.sid, prompts[0][:shared], base.hidden, layer)
                 base = None
-        if base is None:
-            forks = [self.prefix_cache.fork(p[:-1], layer) for p in prompts]
-        else:
-            forks = [base._replace(sid=self.runner.new_stream(fork_of=base.sid)) for _ in prompts]
-        trees = [StreamTree(f.sid, TokenTree.chain(list(p[f.length :]))) for f, p in zip(forks, prompts)]
-        out = self.runner.forward(trees, last_only=True, hidden_layer=layer)
+        forks: list[Fork] = []
+        try:
+            for p in prompts:
+                if base is None:
+                    forks.append(self.prefix_cache.fork(p[:-1], layer))
+                else:
+                    forks.append(base._replace(sid=self.runner.new_stream(fork_of=base.sid)))
+            trees = [StreamTree(f.sid, TokenTree.chain(list(p[f.length :]))) for f, p in zip(forks, prompts)]
+            out = self.runner.forward(trees, last_only=True, hidden_layer=layer)
+        except BaseException:  # the forks (and the shared prefix) are nobody's yet: release them, or they leak
+            for sid in [f.sid for f in forks] + ([base.sid] if base is not None else []):
+                self.runner.release(sid)
+            raise
         self.runner.commit_all()
         self.batch.target_forwards += 1
         self.prefilled_tokens += sum(len(st.tree) for st in trees)

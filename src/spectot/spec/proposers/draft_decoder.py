@@ -130,7 +130,11 @@ class DraftDecoderProposer:
         for r in active:
             if r.key not in self._streams:
                 fork = self.prefixes.fork(r.tokens[:-1].tolist())
-                self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[: fork.length]
+                # under W_n a row holds its successor's embedding: the last reused row was made for the cached
+                # sequence's next token, which this prompt may not share, so it is made again
+                length = fork.length - 1 if self._next_proj is not None and fork.length else fork.length
+                self.runner.truncate(fork.sid, length)
+                self._streams[r.key], self._committed[r.key] = fork.sid, r.tokens[:length]
             # block nodes a propose that raised left in the draft's cache are scratch: drop them
             self.runner.truncate(self._streams[r.key], self._committed[r.key].numel())
         native = len(active) == 1 and self._native(
