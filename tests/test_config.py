@@ -121,3 +121,24 @@ def test_solve_flag_combinations(search, draft, solve, tree, backend, message, t
         return
     with pytest.raises(ValueError, match=message):
         check_solve(*options)
+
+
+def test_tree_depth_counts_draft_depths_for_every_tree() -> None:
+    """--tree-depth 3: three draft tokens deep below the pending root, for Sequoia as for PCT (Sequoia's DP
+    counts the root: --tree-depth 3 gave it two)."""
+    from spectot.pipeline import make_tree_policy
+
+    sequoia, _ = make_tree_policy(
+        DraftOptions(draft="edd", tree="sequoia", tree_depth=3, tree_budget=12, acceptance="0.6,0.2,0.1")
+    )
+    parents = sequoia.shape
+    depth = [0] * len(parents)
+    for node, parent in enumerate(parents[1:], start=1):
+        depth[node] = depth[parent] + 1
+    assert max(depth) == 3
+    pct, _ = make_tree_policy(DraftOptions(draft="edd", tree="pct", tree_depth=3))
+    assert pct.max_depth == 3
+    one, _ = make_tree_policy(
+        DraftOptions(draft="edd", tree="sequoia", tree_depth=1, tree_budget=4, acceptance="0.6,0.2,0.1")
+    )
+    assert list(one.shape) == [-1, 0, 0, 0]  # --tree-depth 1 is a star (it was refused: "needs depth >= 2")

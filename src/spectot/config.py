@@ -228,7 +228,10 @@ class DraftOptions:
     tree_budget: int = field(
         default=16, **opt("sequoia: tree size n incl. the root; eagle2: tokens kept after reranking")
     )
-    tree_depth: int = field(default=0, **opt("depth bound of sequoia/dynamic trees (0 = the tree's default)"))
+    tree_depth: int = field(
+        default=0,
+        **opt("sequoia/dynamic trees: most draft tokens deep below the pending root (0 = the tree's default)"),
+    )
     acceptance: str = field(
         default="", **opt("sequoia: acceptance vector p_1,p_2,... or the JSON file `spectot tree measure` wrote")
     )
@@ -497,8 +500,8 @@ class TreeProfileOptions:
     out: str = field(default="", **opt("write the JSON here too (default: print only)"))
 
     def __post_init__(self) -> None:
-        if self.tn_max < 1 or self.depths < 1:
-            raise ValueError(f"--tn-max and --depths must be >= 1, got {self.tn_max}, {self.depths}")
+        if self.tn_max < 1 or self.depths < 2:
+            raise ValueError(f"--tn-max must be >= 1 and --depths >= 2, got {self.tn_max}, {self.depths}")
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@ def make_tree_policy(options: DraftOptions) -> tuple[TreePolicy | None, ChildSam
     if options.tree == "specinfer":
         return dynamic.StaticPolicy(tuple(shapes.specinfer_tree(*parse_specinfer(options.specinfer)))), children
     if options.tree == "sequoia":
-        tree = sequoia.sequoia_tree(parse_acceptance(options.acceptance), options.tree_budget, depth or None)
+        # --tree-depth counts draft depths below the root, as for the dynamic trees; Sequoia's DP counts the root
+        tree = sequoia.sequoia_tree(
+            parse_acceptance(options.acceptance), options.tree_budget, depth + 1 if depth else None
+        )
         return dynamic.StaticPolicy(tuple(tree.parents)), children
     if options.tree == "pct":
         return dynamic.PCTPolicy(threshold=options.pct_threshold, max_depth=depth or 8), children
@@ -420,12 +423,14 @@ def tree_by_streams(
     if not acceptance:
         return None
     curve = TCurve.from_measurements(costs["t_curve"], normalise=False)
-    c = float(costs.get("c", 0.0))  # a whole draft call (catch-up + one depth): the conservative cost
+    c = float(costs.get("c", 0.0))  # a step's first draft forward: catch-up + one depth
+    c_extra = float(costs.get("c_extra_depth", c))  # each further depth
 
     @cache
     def tree(streams: int, measured_at: float) -> StaticPolicy:
         vector = acceptance[measured_at]
-        choice = choose_tree_size(sequoia_tree(vector, max_nodes, max_depth).table, curve, c, streams=streams)
+        table = sequoia_tree(vector, max_nodes, max_depth).table
+        choice = choose_tree_size(table, curve, c_extra, streams=streams, first_draft_cost=c)
         return StaticPolicy(tuple(sequoia_tree(vector, choice.n, choice.d).parents))
 
     def policy(streams: int, sampling: SamplingParams) -> StaticPolicy:

@@ -70,9 +70,24 @@ def test_decay_drifts_back_to_the_prior() -> None:
     for _ in range(50):
         estimate.observe(proposed=2, accepted=0)
     low = estimate.alpha(1)[0]
-    for _ in range(100):
+    for _ in range(200):
         estimate.step()
     assert low < 0.1 and estimate.alpha(1)[0] == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_draft_switched_off_by_a_low_prior_is_probed_again() -> None:
+    """The prior's weight decays with the counts: with nothing observed the bound widens to 1, so a prior far
+    below the true rate (0.05 against 0.6) cannot keep the draft off for good; it kept the bound at 0.2."""
+    estimate = AcceptanceEstimate(prior=0.05, weight=2.0, decay=0.98)
+    assert estimate.optimistic(1, 1.0)[0] < 0.25
+    for _ in range(300):
+        estimate.step()
+    assert estimate.optimistic(1, 1.0)[0] == 1.0
+    assert estimate.alpha(1)[0] == pytest.approx(0.05)  # its mean is still the prior's
+    for _ in range(100):  # probed: the true rate shows
+        estimate.observe(proposed=1, accepted=1 if _ % 5 < 3 else 0)
+        estimate.step()
+    assert estimate.alpha(1)[0] == pytest.approx(0.6, abs=0.08)
 
 
 def test_draft_length_keeps_an_estimate_per_sampling_and_uses_the_nearest_prior() -> None:

@@ -148,9 +148,9 @@ def _methods(draft: DraftOptions, opts: BenchTreesOptions, acceptance: dict, cos
     per_temp = {}
     for temp, acc in acceptance.items():
         table = sequoia_tree(acc, opts.sequoia_max_nodes, opts.sequoia_max_depth).table
-        choice = choose_tree_size(
-            table, TCurve.from_measurements({p["n"]: p["t"] for p in costs["t_curve"]}), costs.get("c_extra_depth", 0.0)
-        )
+        curve = TCurve.from_measurements({p["n"]: p["t"] for p in costs["t_curve"]})
+        extra = costs.get("c_extra_depth", 0.0)
+        choice = choose_tree_size(table, curve, extra, first_draft_cost=costs.get("c", extra))
         vector = ",".join(f"{a:.6f}" for a in acc)
         per_temp[temp] = {
             "ar": None,
@@ -164,7 +164,7 @@ def _methods(draft: DraftOptions, opts: BenchTreesOptions, acceptance: dict, cos
                 tree="sequoia",
                 acceptance=vector,
                 tree_budget=choice.n,
-                tree_depth=choice.d,
+                tree_depth=choice.d - 1,  # Sequoia's d counts the root; the flag counts draft depths
                 num_draft_tokens=deep,
             ),
             f"sequoia_n{opts.sequoia_fixed}": replace(

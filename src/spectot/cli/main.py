@@ -472,10 +472,10 @@ def _tree_sequoia(options: TreeSequoiaOptions) -> int:
         try:
             profile = json.loads(Path(options.profile).read_text())
             curve = TCurve.from_measurements({p["n"]: p["t"] for p in profile["t_curve"]})
-            cost = float(profile["c_extra_depth"])
+            cost, first = float(profile["c_extra_depth"]), float(profile["c"])
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"{options.profile}: expected the JSON `spectot tree profile` writes ({err})") from None
-        choice = choose_tree_size(result.table, curve, cost, streams=options.streams)
+        choice = choose_tree_size(result.table, curve, cost, streams=options.streams, first_draft_cost=first)
         sized = sequoia_tree(acceptance, choice.n, choice.d)
         out = {
             "parents": sized.parents,
@@ -485,6 +485,7 @@ def _tree_sequoia(options: TreeSequoiaOptions) -> int:
             "streams": choice.streams,
             "predicted_speedup": choice.speedup_vs_ar,
             "draft_cost": cost,
+            "first_draft_cost": first,
         }
     if options.json:
         table = [[None if math.isinf(v) else v for v in row[1:]] for row in result.table[1:]]

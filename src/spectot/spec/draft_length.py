@@ -22,10 +22,13 @@ verifications so far, with a prior alpha0 of weight w:
 
     m_i = (a_i + w alpha0) / (r_i + w)                   a_i / r_i: accepted / reached counts at position i
 
-and k* is taken at the optimistic alpha_i = min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w))), an upper
-confidence bound (z = 1): a position seldom tested gets the benefit of the doubt. The counts decay by gamma
-at every step of that setting, skipped ones included, so the bound of a draft switched off widens again
-until the draft is probed once more (never where even alpha = 1 could not pay, e.g. a compute-bound batch).
+and k* is taken at the optimistic alpha_i = min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w_t))), an upper
+confidence bound (z = 1): a position seldom tested gets the benefit of the doubt. The counts decay by gamma at
+every step of that setting, skipped ones included, and while nothing is observed so does the prior's weight in
+the bound's width (w_t = w gamma^t, t the steps since the last observation; the mean keeps w): the bound of a
+draft switched off widens again until the draft is probed once more, whatever its prior (never where even
+alpha = 1 could not pay, e.g. a compute-bound batch), so a prior far below the true rate cannot switch a draft
+off for good, and a draft that runs every step is bounded as with a fixed w.
 
 A draft decoder (EDD, VDM) can also verify its first token's runners-up (``max_width`` > 1): the tree of
 w candidates at depth 1 with the chain below the first (``shapes.fan_chain_tree``) yields
@@ -165,10 +168,16 @@ class AcceptanceEstimate:
     """alpha_i = (a_i + w alpha0) / (r_i + w) from decayed counts, position i = 1, 2, ..."""
 
     prior: float | tuple[float, ...]  # alpha0, or one per position (the last one for the positions past them)
-    weight: float  # w: pseudo-observations the prior is worth
+    weight: float  # w: pseudo-observations the prior is worth at the start
     decay: float  # gamma per step
     accepted: list[float] = field(default_factory=list)  # a_i
     reached: list[float] = field(default_factory=list)  # r_i
+    steps: int = 0  # steps since the last observation: the prior's weight in the bound is w gamma^steps
+
+    @property
+    def prior_weight(self) -> float:
+        """w_t = w gamma^steps (floored at w / 1000): what the prior is worth in the bound's width."""
+        return self.weight * max(self.decay**self.steps, 1e-3)
 
     def alpha(self, k: int) -> list[float]:
         """m_1..m_k"""
@@ -179,10 +188,11 @@ class AcceptanceEstimate:
         ]
 
     def optimistic(self, k: int, z: float) -> list[float]:
-        """min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w))) for i = 1..k"""
+        """min(1, m_i + z sqrt(m_i (1 - m_i) / (r_i + w_t))) for i = 1..k"""
         bounds = []
+        w = self.prior_weight
         for m, (_, r) in zip(self.alpha(k), self._counts(k)):
-            bounds.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (r + self.weight))))
+            bounds.append(min(1.0, m + z * math.sqrt(m * (1.0 - m) / (r + w))))
         return bounds
 
     def _counts(self, k: int) -> list[tuple[float, float]]:
@@ -192,6 +202,7 @@ class AcceptanceEstimate:
     def step(self) -> None:
         self.accepted = [a * self.decay for a in self.accepted]
         self.reached = [r * self.decay for r in self.reached]
+        self.steps += 1
 
     def observe(self, proposed: int, accepted: int) -> None:
         """One verified chain: positions 1..accepted were accepted, position accepted + 1 (if drafted) rejected."""
@@ -205,6 +216,7 @@ class AcceptanceEstimate:
 
     def _count(self, reached: int, accepted: Sequence[int]) -> None:
         """Positions 1..reached tested, those at the indices ``accepted`` accepted."""
+        self.steps = 0
         grow = reached - len(self.reached)
         if grow > 0:
             self.accepted += [0.0] * grow

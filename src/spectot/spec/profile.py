@@ -65,6 +65,8 @@ def measure_costs(
     ns: Sequence[int] | None = None,
 ) -> dict:
     """{"t_curve": [{n, t, seconds}], and with a draft: c, c_extra_depth, the seconds they come from}."""
+    if depths < 2:
+        raise ValueError(f"the draft's cost per depth is timed over chains of depths 1 and {depths}: need >= 2")
     curve = measure_t_curve(runner, n_max, prefix=prefix, reps=reps, ns=ns)
     result = {"t_curve": [{"n": p["n"], "t": p["relative"], "seconds": p["seconds"]} for p in curve]}
     if proposer is None:
@@ -91,7 +93,8 @@ def measure_costs(
             samples.append(time.perf_counter() - t)
             proposer.release(key)
         times[k] = sorted(samples[1:])[reps // 2]
-    step = (times[depths] - times[1]) / (depths - 1)  # one more depth of a chain
+    # one more depth of a chain; a draft whose cost does not grow with depth (n-gram) times noise: clamped at 0
+    step = max(0.0, (times[depths] - times[1]) / (depths - 1))
     t1 = curve[0]["seconds"]
     result.update(
         draft_first_step_s=times[1], draft_step_s=step, target_step_s=t1, c=times[1] / t1, c_extra_depth=step / t1

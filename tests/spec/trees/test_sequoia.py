@@ -129,3 +129,14 @@ def test_more_budget_never_hurts_and_beats_a_chain() -> None:
 def test_impossible_requests_are_refused(acceptance, budget, max_depth) -> None:
     with pytest.raises(ValueError):
         sequoia_tree(acceptance, budget, max_depth)
+
+
+def test_large_budgets_at_any_depth() -> None:
+    """The DP runs bottom-up: 256 nodes with no depth limit raised RecursionError, 768 at depth 12 took 23 s."""
+    tree = sequoia_tree([0.6, 0.2, 0.1], 256)
+    assert len(tree.parents) == 256 and tree.expected_tokens == pytest.approx(
+        expected_tokens(tree.parents, [0.6, 0.2, 0.1])
+    )
+    assert tree.expected_tokens > sequoia_tree([0.6, 0.2, 0.1], 128).expected_tokens
+    wide = sequoia_tree([0.6, 0.2, 0.1], 768, 12)
+    assert len(wide.parents) == 768 and wide.expected_tokens == pytest.approx(5.7886, abs=1e-4)

@@ -52,17 +52,24 @@ def test_interpolates_between_points() -> None:
     assert curve(24) == pytest.approx((2.42 + 5.84) / 2)
 
 
-def test_extrapolates_with_last_slope() -> None:
+def test_extrapolates_with_the_last_slope_or_the_average_one_whichever_is_steeper() -> None:
     curve = measured_curve()
-    slope = (8.74 - 5.84) / 32
-    assert curve(128) == pytest.approx(8.74 + slope * 64)
-    assert curve(65) == pytest.approx(8.74 + slope)
+    average = (8.74 - 1.0) / 63  # steeper than the last segment's (8.74 - 5.84) / 32
+    assert curve(128) == pytest.approx(8.74 + average * 64)
+    assert curve(65) == pytest.approx(8.74 + average)
+    steep = TCurve(((1, 1.0), (2, 1.1), (4, 3.0)))  # the last segment's slope 0.95 beats the average 0.67
+    assert steep(6) == pytest.approx(3.0 + 0.95 * 2)
 
 
-def test_extrapolation_never_below_last_value() -> None:
+def test_a_dip_is_lifted_and_never_makes_larger_forwards_free() -> None:
+    """Noise made t(64) a hair below t(32): read as it was, every forward past 32 rows cost t(32) (a 64-stream
+    tree went from 2 nodes to 32 on a 2 % difference)."""
     falling = TCurve(((1, 1.0), (2, 2.0), (4, 1.8)))
-    assert falling(3) == pytest.approx(1.9)
-    assert falling(100) == pytest.approx(1.8)
+    assert falling(3) == pytest.approx(2.0) and falling(4) == pytest.approx(2.0)  # the running maximum
+    assert falling(100) == pytest.approx(2.0 + (2.0 - 1.0) / 3 * 96)  # grows at the average slope
+    assert falling.points == ((1, 1.0), (2, 2.0), (4, 1.8))  # the measurements are kept as they were
+    dip = TCurve(((1, 1.0), (32, 1.2), (64, 1.19)))
+    assert dip(2048) > dip(64) + 1.0
     assert TCurve(((1, 1.0),))(1000) == 1.0
 
 
@@ -198,6 +205,20 @@ def test_choice_is_the_grid_maximum_and_matches_predicted_speedup() -> None:
         again = predicted_speedup(choice.tokens_per_step, choice.n, choice.d, curve, 0.05, streams)
         assert again == pytest.approx(choice.speedup_vs_ar)
         assert choice.speedup_vs_ar == pytest.approx(choice.speed * curve(streams))
+
+
+def test_a_first_draft_forward_that_catches_up_is_charged_once() -> None:
+    """c_1 + (d - 2) c: the step's first draft forward (catch-up + one depth) costs c_1, each further one c."""
+    curve = TCurve(((1, 1.0), (64, 1.0)))
+    assert step_time(5, 1, curve, 0.1, first_draft_cost=0.4) == 1.0  # no draft forward
+    assert step_time(5, 2, curve, 0.1, first_draft_cost=0.4) == pytest.approx(1.4)
+    assert step_time(5, 4, curve, 0.1, first_draft_cost=0.4) == pytest.approx(1.6)
+    assert step_time(5, 4, curve, 0.1) == pytest.approx(1.3)  # every forward c
+    table = sequoia_tree([0.55, 0.15, 0.07], 16, 8).table
+    cheap_first = choose_tree_size(table, curve, 0.12)
+    dear_first = choose_tree_size(table, curve, 0.12, first_draft_cost=0.45)
+    assert dear_first.step_time == pytest.approx(1.0 + 0.45 + (dear_first.d - 2) * 0.12)
+    assert dear_first.speedup_vs_ar < cheap_first.speedup_vs_ar
 
 
 def test_callable_draft_cost_sees_the_stream_count() -> None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -56,49 +57,54 @@ def sequoia_tree(acceptance: Sequence[float], budget: int, max_depth: int | None
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     if budget > 1 and depth == 1:
         raise ValueError(f"a tree of {budget} nodes needs depth >= 2 (depth 1 holds only the root)")
-    k = len(p)
-
-    @cache
-    def c(n: int, d: int) -> tuple[float, tuple]:
-        """(best value, children plan) for a subtree of n nodes and depth <= d; plan = sizes by rank."""
-        if n == 1:
-            return 1.0, ()
-        if d <= 1:
-            return -math.inf, ()
-        value, plan = h(n - 1, 1, d)
-        return 1.0 + value, plan
-
-    @cache
-    def h(m: int, j: int, d: int) -> tuple[float, tuple]:
-        """Best value of m nodes spread over children of ranks j, j+1, ... (subtree depth <= d - 1)."""
-        if m == 0:
-            return 0.0, ()
-        if j > k:  # ranks past the acceptance vector are never accepted: zero-value leaves, still a tree
-            return 0.0, (1,) * m
-        best, best_plan = -math.inf, ()
-        for s in range(1, m + 1):
-            sub, _ = c(s, d - 1)
-            rest, rest_plan = h(m - s, j + 1, d)
-            value = p[j - 1] * sub + rest
-            if value > best:
-                best, best_plan = value, (s, *rest_plan)
-        return best, best_plan
-
-    value, _ = c(budget, depth)
+    c, choice = _table(p, budget, depth)
+    value = float(c[depth, budget])
     if value == -math.inf:
         raise ValueError(f"no tree of {budget} nodes fits depth {depth}: raise max_depth")
     parents = [-1]
-    _build(c, parents, 0, budget, depth)
-    table = [[0.0] * (depth + 1)] + [[0.0] + [c(n, d)[0] for d in range(1, depth + 1)] for n in range(1, budget + 1)]
+    _build(choice, len(p), parents, 0, budget, depth)
+    table = [[0.0] * (depth + 1)] + [
+        [0.0] + [float(c[d, n]) for d in range(1, depth + 1)] for n in range(1, budget + 1)
+    ]
     return SequoiaTree(parents, value, table)
 
 
-def _build(c, parents: list[int], node: int, n: int, d: int) -> None:
+def _table(p: list[float], budget: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The DP bottom-up, depth by depth and rank by rank (no recursion: budgets of hundreds of nodes at any
+    depth): c[d, n] = c(n, d) (-inf where no tree fits), and choice[d, j, m] = the size s of the rank-j
+    subtree that H_d(m, j) picks (the smallest on ties)."""
+    k = len(p)
+    c = np.full((depth + 1, budget + 1), -np.inf)
+    c[1:, 1] = 1.0  # c(1, d) = 1
+    choice = np.zeros((depth + 1, k + 1, budget), dtype=np.int32)
+    m = np.arange(budget)[:, None]  # H's m: 0 .. budget - 1 (the nodes under a root)
+    s = np.arange(1, budget)[None, :]  # the rank-j subtree's size
+    fits = s <= m
+    for d in range(2, depth + 1):
+        sub = c[d - 1, 1:budget][None, :]  # c(s, d - 1)
+        feasible = fits & np.isfinite(sub)
+        h = np.zeros(budget)  # H_d(m, k + 1) = 0: ranks past the vector are never accepted (zero-value leaves)
+        for j in range(k, 0, -1):
+            value = np.where(feasible, p[j - 1] * np.where(feasible, sub, 0.0) + h[np.maximum(m - s, 0)], -np.inf)
+            best = value.argmax(axis=1) if budget > 1 else np.zeros(budget, dtype=np.int64)
+            h_j = value[np.arange(budget), best] if budget > 1 else np.zeros(budget)
+            h_j[0] = 0.0  # H_d(0, j) = 0
+            choice[d, j] = best + 1
+            h = h_j
+        c[d, 2:] = 1.0 + h[1:]  # c(n, d) = 1 + H_d(n - 1, 1)
+    return c, choice
+
+
+def _build(choice: np.ndarray, k: int, parents: list[int], node: int, n: int, d: int) -> None:
     """Append the optimal subtree's children under ``node`` (breadth by rank, then recurse)."""
-    _, plan = c(n, d)
+    plan, m, j = [], n - 1, 1
+    while m > 0:
+        size = int(choice[d, j, m]) if j <= k else 1  # past the vector: leaves
+        plan.append(size)
+        m, j = m - size, j + 1
     children = []
     for _size in plan:
         parents.append(node)
         children.append(len(parents) - 1)
     for child, size in zip(children, plan):
-        _build(c, parents, child, size, d - 1)
+        _build(choice, k, parents, child, size, d - 1)

@@ -11,6 +11,12 @@ relative to one token (t(1) = 1) and c the time of one draft step relative to on
 Depth convention. In spectot the root is the pending token (already sampled, not drafted) and it has
 depth 1, so a tree of depth d takes d - 1 draft forwards: this module charges (d - 1) * c. That is
 Sequoia's rule with depth counted from the root; n = d = 1 is plain autoregressive decoding (G = 1, time 1).
+A draft whose first forward of a step costs more than the others (it catches up on the tokens verification
+accepted: ``spectot tree profile``'s c against c_extra_depth) is charged c_first + (d - 2) * c instead.
+
+t(n) as measured is noisy; the model reads it as non-decreasing (a point below an earlier one is lifted to it:
+more rows never cost less) and, past the last point, growing by at least the average slope of the whole curve,
+(t_last - 1) / (n_last - 1): a dip in the last segment must not make every larger forward free.
 
 Streams. B streams share every forward: each gets its own n-node tree, so one target forward covers
 B * n tokens and costs t(B * n); draft steps of all streams are batched too, so one draft step costs
@@ -42,8 +48,9 @@ from dataclasses import dataclass
 class TCurve:
     """Measured relative target-forward times t(n), piecewise linear between points.
 
-    ``points`` are (n, t(n)) with n strictly increasing from n = 1 and t(1) = 1. Past the last point
-    t grows with the slope of the last segment (clamped at 0: never below the last value).
+    ``points`` are (n, t(n)) with n strictly increasing from n = 1 and t(1) = 1, as measured; t is read off
+    their running maximum (non-decreasing), linear between them and, past the last point, growing with the
+    larger of the last segment's slope and the whole curve's average slope.
     """
 
     points: tuple[tuple[int, float], ...]  # ((1, 1.0), (n_2, t_2), ...), n strictly increasing
@@ -97,18 +104,27 @@ class TCurve:
         return [{"n": n, "t": t} for n, t in self.points]
 
     def __call__(self, n: float) -> float:
-        """t(n): linear between measured points, linear past the last one with the last segment's slope."""
+        """t(n): linear between the points' running maximum, linear past the last one (see the class doc)."""
         if not n >= 1:
             raise ValueError(f"t(n) is defined for n >= 1 tokens, got {n}")
-        for (n0, t0), (n1, t1) in zip(self.points, self.points[1:]):
+        points = self.envelope()
+        for (n0, t0), (n1, t1) in zip(points, points[1:]):
             if n <= n1:
                 return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        n_last, t_last = self.points[-1]
-        if len(self.points) == 1:
+        n_last, t_last = points[-1]
+        if len(points) == 1:
             return t_last
-        n_prev, t_prev = self.points[-2]
-        slope = max(0.0, (t_last - t_prev) / (n_last - n_prev))
+        n_prev, t_prev = points[-2]
+        slope = max((t_last - t_prev) / (n_last - n_prev), (t_last - 1.0) / (n_last - 1))
         return t_last + slope * (n - n_last)
+
+    def envelope(self) -> list[tuple[int, float]]:
+        """The points with each t lifted to the largest t measured at a smaller n (running maximum)."""
+        lifted, top = [], 0.0
+        for n, t in self.points:
+            top = max(top, t)
+            lifted.append((n, top))
+        return lifted
 
 
 @dataclass(frozen=True)
@@ -126,10 +142,20 @@ class SizingChoice:
 
 
 def step_time(
-    n: int, d: int, t_curve: Callable[[float], float], draft_cost: float | Callable[[int], float], streams: int = 1
+    n: int,
+    d: int,
+    t_curve: Callable[[float], float],
+    draft_cost: float | Callable[[int], float],
+    streams: int = 1,
+    first_draft_cost: float | None = None,
 ) -> float:
-    """t(B * n) + (d - 1) * c: one batched target forward over B trees plus d - 1 batched draft steps."""
-    return t_curve(streams * n) + (d - 1) * _draft_step_cost(draft_cost, streams)
+    """t(B * n) + (d - 1) * c: one batched target forward over B trees plus d - 1 batched draft steps; with
+    ``first_draft_cost`` c_1 (a first draft forward that also catches up), t(B * n) + c_1 + (d - 2) * c."""
+    if d <= 1:
+        return t_curve(streams * n)
+    c = _draft_step_cost(draft_cost, streams)
+    first = c if first_draft_cost is None else _draft_step_cost(first_draft_cost, streams)
+    return t_curve(streams * n) + first + (d - 2) * c
 
 
 def predicted_speedup(
@@ -139,13 +165,14 @@ def predicted_speedup(
     t_curve: Callable[[float], float],
     draft_cost: float | Callable[[int], float],
     streams: int = 1,
+    first_draft_cost: float | None = None,
 ) -> float:
     """[G / (t(B n) + (d - 1) c)] / [1 / t(B)]: tokens per unit time against plain decoding of B streams.
 
     ``tokens_per_step`` is G(n, d). ``draft_cost`` is c (a float) or c(rows) for one batched draft step
-    of ``streams`` rows.
+    of ``streams`` rows; ``first_draft_cost``: see ``step_time``.
     """
-    return tokens_per_step * t_curve(streams) / step_time(n, d, t_curve, draft_cost, streams)
+    return tokens_per_step * t_curve(streams) / step_time(n, d, t_curve, draft_cost, streams, first_draft_cost)
 
 
 def choose_tree_size(
@@ -154,8 +181,10 @@ def choose_tree_size(
     draft_cost: float | Callable[[int], float],
     streams: int = 1,
     max_nodes: int | None = None,
+    first_draft_cost: float | None = None,
 ) -> SizingChoice:
-    """argmax over (n, d) of G(n, d) / (t(B n) + (d - 1) c), with n <= max_nodes.
+    """argmax over (n, d) of G(n, d) / (t(B n) + (d - 1) c), with n <= max_nodes (``first_draft_cost``: the
+    first draft forward's own cost, see ``step_time``).
 
     ``table[n][d]`` = G(n, d) as in ``SequoiaTree.table``; non-finite entries (no such tree) are skipped.
     Ties go to the smaller n, then the smaller d, so the chosen d is the fewest draft steps reaching G.
@@ -172,11 +201,11 @@ def choose_tree_size(
             g = table[n][d]
             if not math.isfinite(g):
                 continue
-            grid[n][d] = predicted_speedup(g, n, d, t_curve, draft_cost, streams)
+            grid[n][d] = predicted_speedup(g, n, d, t_curve, draft_cost, streams, first_draft_cost)
             if grid[n][d] > best[0] * (1.0 + 1e-12):
                 best = (grid[n][d], n, d)
     speedup, n, d = best
-    time = step_time(n, d, t_curve, draft_cost, streams)
+    time = step_time(n, d, t_curve, draft_cost, streams, first_draft_cost)
     return SizingChoice(
         n=n,
         d=d,
