@@ -203,9 +203,11 @@ class Pipeline:
             size_pct_trees(proposer, measure_solve_costs(pipe, proposer))
         return pipe
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """The prompt's ids: a user message through the chat template (unless --no-chat-template, a tokenizer
+        without one, or ``chat`` False: a task whose prompts are plain-text continuations), else the text."""
         tokenizer = self.target.tokenizer
-        if self.chat_template:
+        if self.chat_template and chat:
             messages = [{"role": "user", "content": prompt}]
             return list(
                 tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[

@@ -103,7 +103,7 @@ def run_solve(
         )
     timeline = Timeline() if options.trace else None
     backend = LocalBackend(
-        pipe.encode,
+        lambda prompt: pipe.encode(prompt, chat=task.chat),
         pipe.decoder.detokenize,
         engine,
         method,

@@ -132,3 +132,17 @@ def test_prompt_token_count_is_what_the_model_is_fed(tiny_checkpoint) -> None:
         assert backend.count_prompt_tokens(prompt, chat) == len(fed)
     assert backend.encode(CompletionRequest("w5 w6")) == [1, 9, 10]
     assert backend.count_tokens("w5 w6") == 2  # bare text, as a completion's is counted
+
+
+def test_no_chat_template_renders_chats_as_text(tiny_checkpoint) -> None:
+    """--no-chat-template reaches the engine backend: a chat request is fed as its text, as Pipeline.encode does."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    tokenizer.chat_template = "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+    templated = LocalEngineBackend(engine=None, tokenizer=tokenizer)
+    plain = LocalEngineBackend(engine=None, tokenizer=tokenizer, chat_template=False)
+    request = CompletionRequest("w5 w6", chat=True)
+    assert plain.encode(request) == list(tokenizer("w5 w6")["input_ids"])
+    assert templated.encode(request) != plain.encode(request)
+    assert plain.render_chat([{"role": "user", "content": "w5"}, {"role": "user", "content": "w6"}]) == "w5\nw6"

@@ -414,6 +414,46 @@ def test_equal_states_are_counted_as_the_expansions_the_search_used() -> None:
         assert explorer.counters.expansions_used == len(result.expansions)
 
 
+@pytest.mark.parametrize("algorithm", ["rstar", "rest-mcts"])
+def test_mcts_rollouts_reach_the_tasks_depth(algorithm) -> None:
+    """A task of depth 7 (Blocksworld's 6-step plans) is searched 7 deep; a cap at 5 made such plans impossible."""
+
+    class Deep(ToyTask):
+        depth = 7
+
+        def is_final(self, problem, state):
+            return len(state) >= self.depth
+
+    config = TreeSearchConfig(algorithm, budget=3, max_children=2, rest_children=2)
+
+    async def main():
+        source = PlainSource(Expander(Deep(), PROBLEM, ScriptedBackend(), "self_eval", seed=7))
+        return await mcts_search(Deep(), PROBLEM, source, config)
+
+    result = asyncio.run(main())
+    assert {len(leaf.state) for leaf in result.leaves} == {7}
+
+
+def test_a_task_of_plain_text_prompts_asks_for_completions_not_chats() -> None:
+    """Blocksworld's few-shot prompts are continuations: its requests go as text (chat=False), others as chats."""
+    from spectot.tasks.blocksworld import BlocksworldTask
+
+    assert BlocksworldTask.chat is False and ToyTask.chat is True
+
+    class Text(ToyTask):
+        chat = False
+
+    for task, chat in ((ToyTask(), True), (Text(), False)):
+        backend = ScriptedBackend()
+
+        async def main(task=task, backend=backend):
+            source = PlainSource(Expander(task, PROBLEM, backend, "self_eval", seed=7))
+            return await reward_balanced_search(task, PROBLEM, source, TreeSearchConfig("rebase", budget=2))
+
+        asyncio.run(main())
+        assert backend.log and {r.chat for r in backend.log} == {chat}
+
+
 def test_early_stop_ends_the_search_once_the_vote_is_settled() -> None:
     config = TreeSearchConfig("rstar", budget=30, max_children=3)
     full, _, _ = run(mcts_search, PlainSource, config)

@@ -28,9 +28,11 @@ class LocalEngineBackend:
         num_draft_tokens: int = 5,
         name: str = "local",
         max_context: int = 2048,
+        chat_template: bool = True,  # False (--no-chat-template): chats are rendered as text, one message a line
     ) -> None:
         self.engine, self.tokenizer, self.method = engine, tokenizer, method
         self.num_draft_tokens, self.name, self.max_context = num_draft_tokens, name, max_context
+        self.chat_template = chat_template and tokenizer.chat_template is not None
 
     @classmethod
     def from_pipeline(
@@ -53,7 +55,14 @@ class LocalEngineBackend:
             pipe.decoder, max_streams=max_streams, budget=budget, fill_rows=fill_rows, draft_priority=draft_priority
         )
         alias = name or pipe.target.name
-        return cls(engine, pipe.target.tokenizer, method, name=alias, max_context=pipe.runner.max_context)
+        return cls(
+            engine,
+            pipe.target.tokenizer,
+            method,
+            name=alias,
+            max_context=pipe.runner.max_context,
+            chat_template=pipe.chat_template,
+        )
 
     # -- AsyncBackend ------------------------------------------------------------------------------
     async def complete(self, request: CompletionRequest) -> Completion:
@@ -128,7 +137,7 @@ class LocalEngineBackend:
         return list(self.tokenizer(prompt, add_special_tokens=not rendered)["input_ids"])
 
     def render_ids(self, messages: Sequence[dict]) -> list[int]:
-        if self.tokenizer.chat_template is None:  # a base model: the messages' text, one per line
+        if not self.chat_template:  # a base model (or --no-chat-template): the messages' text, one per line
             return list(self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"])
         out = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
@@ -137,7 +146,7 @@ class LocalEngineBackend:
 
     def render_chat(self, messages: Sequence[dict]) -> str:
         """The chat as the model sees it (template applied, generation prompt added), as text."""
-        if self.tokenizer.chat_template is None:
+        if not self.chat_template:
             return "\n".join(m["content"] for m in messages)
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
 

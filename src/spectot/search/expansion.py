@@ -145,7 +145,7 @@ class Expander:
         live = priority if isinstance(priority, LivePriority) else None
         request = CompletionRequest(
             step.prompt, step.max_new_tokens, temperature, top_p, step.stop, seed, logprobs,
-            priority=priority if live is None else live.value, chat=True, live_priority=live,
+            priority=priority if live is None else live.value, chat=self.task.chat, live_priority=live,
         )  # fmt: skip
         return await self.backend.complete(request)
 

@@ -8,7 +8,9 @@ One simulation (llm-reasoners' phases):
 ``budget`` simulations in all; the answer is the weighted vote over the terminal leaves. Both back up the plain
 mean of the terminal rewards (rStar's rule); REST-MCTS's paper weighs its value update by the process rewards
 along the path, which is not built: here its per-step process rewards pick the kept child only. A rollout cut at
-``max_depth`` (5) without an answer casts no vote.
+``max_depth`` without an answer casts no vote. ``max_depth`` is the config's, else the task's: the math tasks'
+default depth 4 keeps within rStar's limit of 5, and a task that needs more steps (Blocksworld's 6-step plans,
+depth 7; or an explicit --depth) gets them (a cap at 5 made a 6-step plan impossible).
 
 SPEX's DFS speculation, two ways (``TreeSearchConfig.dfs_speculation``):
 
@@ -51,8 +53,6 @@ from spectot.search.tree_search import (
 )
 from spectot.search.uct import MctsTree, backup, uct_path
 from spectot.tasks.base import Problem, Task
-
-RSTAR_MAX_DEPTH = 5
 
 
 @dataclass
@@ -107,7 +107,7 @@ class _Tree:
 async def mcts_search(
     task: Task, problem: Problem, source: ChildSource, config: TreeSearchConfig, stop: StopRule | None = None
 ) -> TreeSearchResult:
-    max_depth = min(config.max_depth or task.depth, RSTAR_MAX_DEPTH)
+    max_depth = config.max_depth or task.depth
     width = config.rest_children if config.algorithm == "rest-mcts" else 1
     tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, max(config.max_children, width), width, max_depth)
     search = _exact_search if config.dfs_speculation == "exact" else _folding_search

@@ -29,7 +29,7 @@ class TreeSearchConfig:
     algorithm: Algorithm = "rebase"
     budget: int = 8  # B: REBASE / ETS width per depth; MCTS: rollouts
     temperature: float = 0.2  # T_b of REBASE's softmax
-    max_depth: int = 0  # 0: the task's depth (MCTS: at most 5, rStar's limit)
+    max_depth: int = 0  # 0: the task's depth
     c: float = 2.0  # UCT exploration constant (rStar)
     max_children: int = 3  # MCTS: children a node may get
     rest_children: int = 3  # REST-MCTS: children each step expands (the best by process reward is kept)

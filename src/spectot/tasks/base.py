@@ -56,6 +56,7 @@ class Task:
     name: str = "task"
     depth: int = 1  # T: the number of steps to a complete solution
     value_range: tuple[float, float] = (1.0, 10.0)  # what parse_value returns: lowest, highest
+    chat: bool = True  # prompts are user messages (an instruct model's chat template); False: plain-text continuations
 
     def thought(self, problem: Problem, state: State) -> StepRequest:
         """The prompt for G: the next step after ``state``."""

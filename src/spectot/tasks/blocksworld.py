@@ -839,6 +839,9 @@ class BlocksworldTask(Task):
 
     name = "blocksworld"
     value_range = (0.0, 1.0)  # self-evaluation: bad / good
+    # RAP's prompts are few-shot continuations ending in "[PLAN]\n" / "[EVALUATION]\n", fed as text: through its
+    # chat template SmolLM2 wrote 0 readable actions in 9 samples, as text 9 of 9 (3 problems x 3 samples)
+    chat = False
 
     def __init__(
         self,
