@@ -137,3 +137,26 @@ def test_select_best_is_stable_and_seeds_are_pure() -> None:
 def test_bad_config_is_refused() -> None:
     with pytest.raises(ValueError, match="breadth"):
         BfsConfig(breadth=0)
+
+
+def test_nothing_proposed_ends_the_search_instead_of_crashing() -> None:
+    """Every proposal empty: the frontier would be empty (IndexError); the search ends where it stood."""
+
+    class Silent(ScriptedBackend):
+        def generate(self, call):
+            return [""] * len(call.requests) if call.component == "TG" else super().generate(call)
+
+    for evaluation in ("value", "vote"):
+        config = BfsConfig(generation="propose", evaluation=evaluation, breadth=1, thoughts=2)
+        result = tot_bfs(CountingTask(), Problem("p", "", ""), Policy(Silent(SCRIPT)), config)
+        assert result.answer == "" and result.best.state == ()
+
+
+def test_votes_and_proposals_are_read_as_models_write_them() -> None:
+    task = CountingTask()
+    assert task.parse_vote("Analysis...\nThe best choice is Choice 3", 4) == 2
+    assert task.parse_vote("At first the best choice is 1, but on reflection the best choice is 2", 4) == 1
+    assert task.parse_vote("The best choice is 5", 4) is None
+    proposals = task.parse_proposals(Problem("p", "", ""), (), "Step 1: add\nStep 2: sub\n1. Step: mul\nstep: div")
+    assert proposals == ["add", "sub", "mul", "div"]
+    assert task.parse_proposals(Problem("p", "", ""), (), "no label\nsecond") == ["no label"]

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from spectot.data.jsonl import DataError
-from spectot.tasks.creative_writing import load_problems, paragraph_endings, read_inputs, required_sentences
+from spectot.tasks.base import Problem
+from spectot.tasks.creative_writing import (
+    CreativeWritingTask,
+    load_problems,
+    paragraph_endings,
+    read_inputs,
+    required_sentences,
+)
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "tot_creative_writing" / "data_100_random_text.txt"
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"Creative Writing data not found at {DATA}")
@@ -114,3 +121,21 @@ def test_line_that_is_not_utf8_is_named(tmp_path) -> None:
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(DataError, match="no such file"):
         read_inputs(tmp_path / "absent.txt")
+
+
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ("The passage flows well.\nThus the coherency score is 8", 8.0),
+        ("Thus the coherency score is 3. On reflection, thus the coherency score is 6.", 6.0),
+        ("The passage has 4 paragraphs and reads like 10*10 = 100 words", 1.0),  # no conclusion: the lowest
+        ("Thus the coherency score is 14", 10.0),
+    ],
+)
+def test_a_score_is_the_concluded_one(text: str, score: float) -> None:
+    assert CreativeWritingTask().parse_value(text) == score
+
+
+def test_the_score_request_leaves_room_for_the_analysis() -> None:
+    task = CreativeWritingTask()
+    assert task.value(Problem.make_dummy(), ("a plan",)).max_new_tokens == 384

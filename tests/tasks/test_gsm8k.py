@@ -149,6 +149,10 @@ def test_value_prompt_marks_the_latest_step() -> None:
         ("-3", 1.0),
         ("great step!", 1.0),
         ("", 1.0),
+        ("Step 2: 9", 9.0),  # the step's number is no rating
+        ("I rate Step 3 a 7.", 7.0),
+        ("The value of $3x + ", 1.0),  # math is no rating (a real SmolLM2 output on MATH)
+        ("Correct, 3 + 4 = 7. Rating: 8/10", 8.0),
     ],
 )
 def test_parse_value(text: str, score: float) -> None:

@@ -100,7 +100,10 @@ def tot_bfs(task: Task, problem: Problem, policy: Policy, config: BfsConfig) -> 
             _evaluate(task, problem, policy, config, children, t)
         levels.append(children)
         finished = [n for n in frontier if task.is_final(problem, n.state)]
-        frontier = select_best(children + finished, config.breadth)
+        selected = select_best(children + finished, config.breadth)
+        if not selected:  # nothing was proposed (every proposal empty): the search ends where it stands
+            break
+        frontier = selected
         kept.append([n.state for n in frontier])
     best = frontier[0]
     return SearchResult(problem, task.final_answer(problem, best.state), best, levels, kept)

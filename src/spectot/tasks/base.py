@@ -50,6 +50,10 @@ PROPOSE_PROMPT = (
 )
 
 
+PROPOSAL_LABEL = re.compile(r"(?:\d+[.)]\s*)?step\s*\d*\s*[:.]\s*(.*)", re.IGNORECASE)
+VOTE_CONCLUSION = re.compile(r"best choice is\s*(?:choice\s*)?[^\d\n]{0,3}(\d+)", re.IGNORECASE)
+
+
 class Task:
     """The base every task extends; ``vote`` and ``propose`` have generic defaults a task may override."""
 
@@ -97,8 +101,10 @@ class Task:
         return StepRequest(PROPOSE_PROMPT.format(question=problem.question, steps=steps, n=n), (), 64 * n)
 
     def parse_proposals(self, problem: Problem, state: State, text: str) -> list[str]:
+        """The proposed steps: lines labelled 'Step:' as asked, or as models also write them ('Step 2: ...',
+        '1. Step: ...', 'Step 3. ...'); without any label, the first non-empty line."""
         lines = [line.strip() for line in text.splitlines()]
-        steps = [line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("step:")]
+        steps = [m.group(1).strip() for line in lines if (m := PROPOSAL_LABEL.match(line))]
         return [s for s in steps if s] or [s for s in lines if s][:1]
 
     def vote(self, problem: Problem, candidates: list[State]) -> StepRequest:
@@ -107,8 +113,9 @@ class Task:
         return StepRequest(VOTE_PROMPT.format(question=problem.question, choices=choices), (), 256)
 
     def parse_vote(self, text: str, n: int) -> int | None:
-        """The 0-based index E voted for, or None when the output names no valid choice."""
-        match = re.search(r"best choice is\s*\D{0,3}(\d+)", text, flags=re.IGNORECASE)
-        if match is None or not 1 <= int(match.group(1)) <= n:
+        """The 0-based index E voted for (its last "The best choice is [Choice] s", as ToT's regex reads the
+        conclusion the prompt asks for on the last line), or None when the output names no valid choice."""
+        matches = VOTE_CONCLUSION.findall(text)
+        if not matches or not 1 <= int(matches[-1]) <= n:
             return None
-        return int(match.group(1)) - 1
+        return int(matches[-1]) - 1

@@ -95,8 +95,8 @@ class CreativeWritingTask(Task):
     name = "creative_writing"
     depth = 2
 
-    def __init__(self, plan_tokens: int = 160, passage_tokens: int = 480) -> None:
-        self.plan_tokens, self.passage_tokens = plan_tokens, passage_tokens
+    def __init__(self, plan_tokens: int = 160, passage_tokens: int = 480, score_tokens: int = 384) -> None:
+        self.plan_tokens, self.passage_tokens, self.score_tokens = plan_tokens, passage_tokens, score_tokens
 
     def thought(self, problem: Problem, state: State) -> StepRequest:
         sentences = problem.question + "\n"
@@ -108,11 +108,15 @@ class CreativeWritingTask(Task):
         return text.strip()
 
     def value(self, problem: Problem, state: State) -> StepRequest:
+        """The analysis the prompt asks for comes before its conclusion: 96 tokens cut 7 of 8 SmolLM2 analyses
+        before it, so the request allows ``score_tokens``."""
         what = "plan" if len(state) == 1 else "passage"
-        return StepRequest(SCORE_PROMPT.format(what=what, text=state[-1]), (), 96)
+        return StepRequest(SCORE_PROMPT.format(what=what, text=state[-1]), (), self.score_tokens)
 
     def parse_value(self, text: str) -> float:
-        match = re.findall(r"coherency score is\D{0,3}(\d+)", text, flags=re.IGNORECASE) or re.findall(r"\d+", text)
+        """The concluded "coherency score is s" (the last), clipped to 1-10; without one the lowest score, as
+        ToT ignores an output that does not conclude (any digit of the analysis, "4 paragraphs", is no score)."""
+        match = re.findall(r"coherency score is\D{0,3}(\d+)", text, flags=re.IGNORECASE)
         return float(min(10, max(1, int(match[-1])))) if match else 1.0
 
     def is_final(self, problem: Problem, state: State) -> bool:

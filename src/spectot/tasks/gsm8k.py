@@ -149,9 +149,19 @@ def numbers_equal(a: str, b: str) -> bool:
         return False
 
 
+RATING_OUT_OF = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:/|out of)\s*10\b", re.IGNORECASE)
+
+
 def parse_rating(text: str, low: float = 1.0, high: float = 10.0) -> float:
-    """The first number in an evaluator's output, clipped to [low, high]; ``low`` when there is none."""
-    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    """An evaluator's rating, clipped to [low, high]; ``low`` when it gives none: an explicit "N/10" or "N out
+    of 10", else the first number that is neither a step's ("Step 2: 9" rates 9) nor inside $...$ math
+    ("$3x + 1$" rates nothing)."""
+    explicit = RATING_OUT_OF.search(text)
+    if explicit is not None:
+        return min(high, max(low, float(explicit.group(1))))
+    plain = re.sub(r"\$[^$]*(?:\$|$)", " ", text)  # math, closed or cut off
+    plain = re.sub(r"\bstep\s*\d+", " ", plain, flags=re.IGNORECASE)
+    match = re.search(r"(?<![\w.])-?\d+(?:\.\d+)?", plain)
     if match is None:
         return low
     return min(high, max(low, float(match.group(0))))
