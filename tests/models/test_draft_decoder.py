@@ -9,6 +9,7 @@ before the block committed in the draft's cache, then the block's tokens as a ch
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import dataclasses
 import json
 
@@ -21,7 +22,9 @@ from spectot.models.draft_decoder import (
     DraftDecoder,
     DraftDecoderConfig,
     dual_block_mask,
+    embedding_sample,
     fingerprint,
+    trained_for,
     head_vocabulary,
     random_block_starts,
     rank_head,
@@ -268,6 +271,27 @@ def test_load_of_a_missing_folder(target, tmp_path) -> None:
 def test_fingerprint_ignores_dtype_and_tells_targets_apart(target, tiny_llama) -> None:
     assert fingerprint(copy.deepcopy(target).to(torch.bfloat16)) == fingerprint(target)
     assert fingerprint(tiny_llama(1, num_hidden_layers=LAYERS)) != fingerprint(target)
+
+
+def test_a_draft_with_the_targets_sample_loads_on_it_in_any_dtype(target, tiny_llama, tmp_path) -> None:
+    """fp16 rounds some embedding values differently on their way to the bf16 fingerprint (the shipped EDD was
+    refused under --dtype fp16); the stored sample is compared within rounding instead."""
+    draft = make_draft(target, "vdm")
+    sampled = replace(draft.config, target_sample=embedding_sample(target))
+    draft.config = sampled
+    draft.save(tmp_path / "vdm", HEAD_IDS)
+    assert DraftDecoder.read_config(tmp_path / "vdm").target_sample == sampled.target_sample
+    for dtype in (torch.float16, torch.bfloat16):
+        assert trained_for(sampled, copy.deepcopy(target).to(dtype))
+    with pytest.raises(ValueError, match="another target"):
+        DraftDecoder.load(tmp_path / "vdm", tiny_llama(1, num_hidden_layers=LAYERS))
+
+
+def test_a_broken_draft_config_is_named(tmp_path) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "draft.json").write_text('{"kind": "edd", "surprise": 1}')
+    with pytest.raises(ValueError, match=r"bad/draft.json: not a draft config"):
+        DraftDecoder.read_config(tmp_path / "bad")
 
 
 def test_config_is_validated() -> None:

@@ -72,6 +72,7 @@ class DraftDecoderConfig:
     next_token: bool = False  # EDD: hidden entry i also reads the token that followed it, x_{i+1} (see below)
     current_token: bool = False  # EDD: hidden entry i also reads its own token, x_i (see below)
     head_ranked: bool = False  # head ids stored most frequent first (any prefix is a smaller head)
+    target_sample: tuple[float, ...] = ()  # a sample of the target's embedding (``embedding_sample``), fp32
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -80,10 +81,28 @@ class DraftDecoderConfig:
 
 def fingerprint(target: Any) -> str:
     """A short hash of the target's input embedding: equal targets, equal fingerprint, whether
-    loaded in fp32 or bf16 (the sample is rounded to bf16 first)."""
+    loaded in fp32 or bf16 (the sample is rounded to bf16 first; fp16 rounds some values differently)."""
     weight = target.get_input_embeddings().weight.detach()
     sample = weight[:: max(1, weight.shape[0] // 64)].to(torch.bfloat16).float().contiguous()
     return hashlib.sha256(sample.cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def embedding_sample(target: Any) -> tuple[float, ...]:
+    """256 values of the target's input embedding (4 of each of 64 rows spread over the vocabulary)."""
+    weight = target.get_input_embeddings().weight.detach()
+    sample = weight[:: max(1, weight.shape[0] // 64)][:64, :4].float().flatten().cpu()
+    return tuple(round(float(x), 7) for x in sample)
+
+
+def trained_for(config: DraftDecoderConfig, target: Any) -> bool:
+    """Whether the draft was trained for ``target``: its embedding sample within rounding of the stored one
+    (fp32, bf16 and fp16 loads of one target agree to ~0.4 %), or, for a draft stored without a sample, the
+    fingerprint."""
+    if not config.target_sample:
+        return fingerprint(target) == config.target_fingerprint
+    mine = torch.tensor(embedding_sample(target))
+    stored = torch.tensor(config.target_sample)
+    return mine.shape == stored.shape and torch.allclose(mine, stored, rtol=1e-2, atol=1e-4)
 
 
 def dual_block_mask(block_starts: torch.Tensor) -> torch.Tensor:
@@ -120,7 +139,7 @@ class DraftDecoder(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        if fingerprint(target) != config.target_fingerprint:
+        if not trained_for(config, target):
             raise ValueError(
                 "this draft was trained for another target (embedding fingerprint differs): "
                 "use the target it was trained for, or train one with `spectot train-draft`"
@@ -223,9 +242,16 @@ class DraftDecoder(nn.Module):
     def read_config(directory: str | Path) -> DraftDecoderConfig:
         """The config of the draft in ``directory`` (its draft.json), without loading weights."""
         root = Path(directory)
-        if not (root / "draft.json").is_file():
+        path = root / "draft.json"
+        if not path.is_file():
             raise FileNotFoundError(f"{root}: no draft.json; is this a directory written by `spectot train-draft`?")
-        return DraftDecoderConfig(**json.loads((root / "draft.json").read_text()))
+        try:
+            fields = json.loads(path.read_text())
+            if "target_sample" in fields:
+                fields["target_sample"] = tuple(fields["target_sample"])
+            return DraftDecoderConfig(**fields)
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: not a draft config spectot can read ({err})") from None
 
     @classmethod
     def load(

@@ -13,6 +13,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +26,13 @@ logger = logging.getLogger(__name__)
 def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Report | None = None) -> dict:
     from spectot.engine.kernels import cpu_has
     from spectot.engine.runner import ModelRunner
-    from spectot.models.draft_decoder import DraftDecoder, DraftDecoderConfig, fingerprint, head_vocabulary
+    from spectot.models.draft_decoder import (
+        DraftDecoder,
+        DraftDecoderConfig,
+        embedding_sample,
+        fingerprint,
+        head_vocabulary,
+    )
     from spectot.models.loader import load_model
 
     torch.manual_seed(options.seed)
@@ -44,7 +51,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             "trained at 47 tokens/s against 1,850 with --precision fp32; use --precision fp32 here"
         )
     tokenizer = target.tokenizer
-    init_folder = _starting_folder(options.init, model.target, options.kind, fingerprint(target.model))
+    init_folder = _starting_folder(options.init, model.target, options.kind, target.model)
 
     def encode_chat(text: str) -> list[int]:  # a prompt, as Pipeline.encode feeds it at inference
         if not (model.chat_template and tokenizer.chat_template is not None):
@@ -108,6 +115,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             head_vocab=options.head_vocab,
             target_fingerprint=fingerprint(target.model),
             target_config=target.model.config.to_dict(),
+            target_sample=embedding_sample(target.model),
             next_token=options.next_token,
             current_token=options.current_token,
             head_ranked=True,  # head_vocabulary ranks the ids: most frequent first
@@ -154,9 +162,10 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     return result
 
 
-def _starting_folder(init: str, target_name: str, kind: str, target_fingerprint: str) -> Path | None:
+def _starting_folder(init: str, target_name: str, kind: str, target: Any) -> Path | None:
     """The folder of the draft ``--init`` names (None without one), checked before any feature is
     extracted: it must be a draft of ``kind`` trained for this target."""
+    from spectot.models.draft_decoder import DraftDecoder, trained_for
     from spectot.pipeline import draft_decoder_folder
 
     if not init:
@@ -164,10 +173,10 @@ def _starting_folder(init: str, target_name: str, kind: str, target_fingerprint:
     folder = draft_decoder_folder(init, target_name)
     if folder is None:
         raise ValueError(f"--init {init}: not a draft folder (no draft.json) nor a shipped draft (edd, vdm)")
-    config = json.loads((folder / "draft.json").read_text())
-    if config["kind"] != kind:
-        raise ValueError(f"--init {init} holds a draft of kind {config['kind']}: pass --kind {config['kind']}")
-    if config["target_fingerprint"] != target_fingerprint:
+    config = DraftDecoder.read_config(folder)
+    if config.kind != kind:
+        raise ValueError(f"--init {init} holds a draft of kind {config.kind}: pass --kind {config.kind}")
+    if not trained_for(config, target):
         raise ValueError(f"--init {init} was trained for another target (embedding fingerprint differs)")
     return folder
 
