@@ -142,3 +142,12 @@ def test_tree_depth_counts_draft_depths_for_every_tree() -> None:
         DraftOptions(draft="edd", tree="sequoia", tree_depth=1, tree_budget=4, acceptance="0.6,0.2,0.1")
     )
     assert list(one.shape) == [-1, 0, 0, 0]  # --tree-depth 1 is a star (it was refused: "needs depth >= 2")
+
+
+def test_a_draft_that_names_nothing_is_refused_before_any_model_loads() -> None:
+    from spectot.config import check_draft
+
+    with pytest.raises(ValueError, match="--draft egd: not a draft; use none, ngram, edd, vdm"):
+        check_draft(DraftOptions(draft="egd"))
+    for fine in ("none", "ngram", "edd", "vdm", "smollm2-135m", "HuggingFaceTB/SmolLM2-360M-Instruct"):
+        check_draft(DraftOptions(draft=fine))

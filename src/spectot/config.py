@@ -897,7 +897,17 @@ DRAFTLESS_ENGINES = ("ar", "batched-ar", "hf-batched-ar", "continuous-ar")
 
 
 def check_draft(draft: DraftOptions) -> None:
-    """Draft flags a user gave that would be ignored (engines set a tree on any draft; only a model uses it)."""
+    """Draft flags a user gave that would be ignored (engines set a tree on any draft; only a model uses it), and
+    a --draft that names nothing, refused before the target loads."""
+    from spectot.models.loader import looks_like_hub_id
+    from spectot.models.registry import find_alias
+
+    named = draft.draft in ("none", "ngram", "edd", "vdm") or find_alias(draft.draft) is not None
+    if not (named or Path(draft.draft).expanduser().exists() or looks_like_hub_id(draft.draft)):
+        raise ValueError(
+            f"--draft {draft.draft}: not a draft; use none, ngram, edd, vdm, a `spectot train-draft` folder, or a "
+            "model (alias, checkpoint folder or hub id org/name) sharing the target's tokenizer"
+        )
     if draft.tree not in ("auto", "chain") and draft.draft in ("none", "ngram"):
         raise ValueError(
             f"--tree {draft.tree} shapes a draft model's tree; --draft {draft.draft} has none (--ngram-width widens "

