@@ -434,6 +434,25 @@ def test_mcts_rollouts_reach_the_tasks_depth(algorithm) -> None:
     assert {len(leaf.state) for leaf in result.leaves} == {7}
 
 
+def test_rebase_cut_by_its_depth_limit_votes_with_what_the_open_states_answer() -> None:
+    """max_depth below the task's: the open states are the leaves, answering what the task reads in them (they
+    carried no answer, so the vote was empty)."""
+
+    class Reads(ToyTask):
+        def final_answer(self, problem, state):
+            return state[-1]
+
+    config = TreeSearchConfig("rebase", budget=3, max_depth=1)
+
+    async def main():
+        source = PlainSource(Expander(Reads(), PROBLEM, ScriptedBackend(), "self_eval", seed=7))
+        return await reward_balanced_search(Reads(), PROBLEM, source, config)
+
+    result = asyncio.run(main())
+    assert result.leaves and all(leaf.answer == leaf.state[-1] for leaf in result.leaves)
+    assert result.answer != ""
+
+
 def test_a_task_of_plain_text_prompts_asks_for_completions_not_chats() -> None:
     """Blocksworld's few-shot prompts are continuations: its requests go as text (chat=False), others as chats."""
     from spectot.tasks.blocksworld import BlocksworldTask
