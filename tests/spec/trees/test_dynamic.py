@@ -341,3 +341,16 @@ def _depths(parents: list[int]) -> list[int]:
     for v in range(1, len(parents)):
         depth[v] = depth[parents[v]] + 1
     return depth
+
+
+def test_pct_prices_its_tree_for_the_streams_sharing_the_forward() -> None:
+    """B streams' trees share one forward of B m rows: at 8 % a row (a CPU), one stream keeps 5 nodes of these
+    confidences, eight streams keep 2 (priced alone, each kept 5: ~17 % slower than the best at B = 8)."""
+    curve = TCurve(((1, 1.0), (256, 1.0 + 0.08 * 255)))
+    conf = [0.9, 0.7, 0.5, 0.35, 0.25, 0.12, 0.08]
+    policy = PCTPolicy(threshold=0.05, verify_cost=curve)
+    assert policy.for_streams(1) is policy
+    alone = verified_tree_size(conf, policy.verify_cost)
+    shared = verified_tree_size(conf, policy.for_streams(8).verify_cost)
+    assert (alone, shared) == (5, 2)
+    assert policy.for_streams(8).verify_cost(1) == 1.0  # relative to the B rows of plain decoding

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Literal
 
 import torch
@@ -125,7 +125,7 @@ class DraftDecoderProposer:
         # greedy "distribution" would make every confidence 1 and every sibling a zero-probability tie)
         draft_params = SamplingParams(do_sample=True, temperature=1.0) if params.greedy else params
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
-        policies = {r.key: self._policy_for(r) for r in requests}
+        policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
         active = [r for r in requests if r.k > 0 and self._room(r) > 0]
         for r in active:
             if r.key not in self._streams:
@@ -460,10 +460,15 @@ class DraftDecoderProposer:
         as_tree = None if parents == list(range(-1, len(tokens) - 1)) else torch.tensor(parents)
         return Draft(torch.tensor(tokens, dtype=torch.int64), None, as_tree, confidence=confidence)
 
-    def _policy_for(self, r: DraftRequest) -> TreePolicy:
+    def _policy_for(self, r: DraftRequest, streams: int = 1) -> TreePolicy:
+        """The request's tree policy; a PCT policy priced for the ``streams`` drafting in this step."""
         if r.policy is not None:
             return r.policy
-        return self.policy if self.policy is not None else _chain_policy(max(r.k, 1) + 1)
+        if self.policy is None:
+            return _chain_policy(max(r.k, 1) + 1)
+        if isinstance(self.policy, PCTPolicy):
+            return _pct_for_streams(self.policy, streams)
+        return self.policy
 
     def _room(self, r: DraftRequest) -> int:
         return self.runner.max_context - r.tokens.numel()
@@ -477,6 +482,11 @@ class DraftDecoderProposer:
 def _is_chain(policy: TreePolicy) -> bool:
     """Whether the policy grows one child of the one frontier node at every depth and keeps every node."""
     return isinstance(policy, StaticPolicy) and policy.shape == tuple(range(-1, len(policy.shape) - 1))
+
+
+@lru_cache(maxsize=64)  # one per (policy, batch size): a step does not rebuild it
+def _pct_for_streams(policy: PCTPolicy, streams: int) -> PCTPolicy:
+    return policy.for_streams(streams)
 
 
 @cache  # a static policy only reads its shape: one per chain length serves every step

@@ -43,7 +43,7 @@ Worked example (``grow`` with these draft probabilities; a path is the tuple of 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -167,7 +167,9 @@ class PCTPolicy:
     Verification is not free either: a forward over n rows costs t(n) target steps, flat while the weights'
     memory traffic dominates, then growing with n once compute does (this machine's t(n), ``spec/profile.py``).
     With ``verify_cost`` = t, finalize keeps only the ``verified_tree_size`` most confident nodes, the size
-    whose expected tokens per unit of verification time is largest.
+    whose expected tokens per unit of verification time is largest. When B streams share each forward, their
+    trees together cost t(B m): ``for_streams(B)`` prices a tree of m rows at t(B m) / t(B) (each stream taken to
+    draft alike), so the trees shrink as the batch grows.
     """
 
     threshold: float  # s_d / s_t: draft step time over target step time
@@ -199,6 +201,12 @@ class PCTPolicy:
         rows = self.frontier_to_expand(depth, path_conf)
         return _most_confident_children(path_conf, child_probs, {i: self.width for i in rows}, self.max_nodes - 1)
 
+    def for_streams(self, streams: int) -> PCTPolicy:
+        """This policy with its verification priced for ``streams`` streams sharing each forward."""
+        if self.verify_cost is None or streams <= 1:
+            return self
+        return replace(self, verify_cost=_SharedForward(self.verify_cost, streams))
+
     def finalize(self, parents: list[int], path_conf: list[float]) -> list[int]:
         kept = prune_leaves(parents, path_conf, self.leaf_threshold)
         n_keep = self.max_nodes - 1
@@ -206,6 +214,17 @@ class PCTPolicy:
             conf = sorted((path_conf[v] for v in kept if v != 0), reverse=True)
             n_keep = min(n_keep, verified_tree_size(conf, self.verify_cost))
         return keep_most_confident(parents, path_conf, n_keep, among=kept)
+
+
+@dataclass(frozen=True)
+class _SharedForward:
+    """t_B(m) = t(B m) / t(B): a stream's tree of m rows beside B - 1 streams drafting alike, relative to B rows."""
+
+    t: Callable[[float], float]
+    streams: int
+
+    def __call__(self, m: float) -> float:
+        return self.t(self.streams * m) / self.t(self.streams)
 
 
 def verified_tree_size(conf: Sequence[float], verify_cost: Callable[[float], float]) -> int:
