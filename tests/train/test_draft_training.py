@@ -433,3 +433,26 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
     assert factors[-1] == pytest.approx(0.1)
     assert learning_rate_factor(10 * total, total) == pytest.approx(0.1)  # past the end it stays at 0.1
     assert learning_rate_factor(0, 1) == 1.0  # one step: no warm-up below the peak
+
+
+def test_ctrl_c_saves_the_last_whole_step_and_resume_goes_on_exactly(target, records, tmp_path) -> None:
+    """SIGINT mid-run (checkpoints 60 minutes apart, so none would be written): the loop finishes its step,
+    saves it and stops; --resume then ends where an uninterrupted run does."""
+    import signal
+
+    settings = TrainSettings(block_min=2, block_max=6, lr=1e-3, batch_tokens=40, epochs=2, checkpoint_minutes=60)
+    straight = fresh_draft(target)
+    summary = train(straight, records, settings, tmp_path / "straight.pt", resume=False)
+
+    def interrupt(stage: str, done: int, total: int, **metrics) -> None:
+        if done == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt, match="stopped at step 2; checkpoint saved"):
+        train(fresh_draft(target), records, settings, tmp_path / "stopped.pt", resume=False, report=interrupt)
+    assert torch.load(tmp_path / "stopped.pt", weights_only=False)["state"]["step"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    resumed = fresh_draft(target)
+    assert train(resumed, records, settings, tmp_path / "stopped.pt", resume=True)["steps"] == summary["steps"]
+    a, b = straight.trainable_state(), resumed.trainable_state()
+    assert all(a[k].equal(b[k]) for k in a)

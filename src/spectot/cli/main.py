@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"spectot: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # a long job that saved its progress says so (train-draft)
+        print(f"spectot: interrupted{f': {err}' if str(err) else ''}", file=sys.stderr)
+        return 130
     return 1
 
 

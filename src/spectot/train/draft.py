@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
+import contextlib
 import math
 import random
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -317,39 +320,43 @@ def train(
         logger.info("resumed at step %d of %d", state["step"], total_steps)
     last_save = time.monotonic()
     draft.train()
-    while state["step"] < total_steps:
-        step = state["step"]
-        epoch, position = divmod(step, len(batches))
-        order = list(range(len(batches)))
-        random.Random(settings.seed * 1000 + epoch).shuffle(order)  # same order on resume
-        batch = {k: v.to(device) for k, v in collate(records, batches[order[position]], head_index).items()}
-        gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-        starts = random_block_starts(batch["tokens"].shape[1], settings.block_min, settings.block_max, gen)
-        t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
-            logits = draft(batch["tokens"], batch["hidden"] if settings.use_hidden else None, starts)
-        loss = distill_loss(logits, batch["top_index"], batch["top_probs"], batch["valid"], settings.loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        state["step"] += 1
-        state["tokens"] += int(batch["valid"].sum())
-        state["seconds"] += time.perf_counter() - t0
-        state["losses"].append(float(loss.detach()))
-        if report:
-            recent = state["losses"][-50:]
-            report(
-                "train",
-                state["step"],
-                total_steps,
-                loss=sum(recent) / len(recent),
-                tokens_per_s=state["tokens"] / state["seconds"],
-            )
-        if time.monotonic() - last_save > 60 * settings.checkpoint_minutes or state["step"] == total_steps:
+    with _stop_between_steps() as stop:  # Ctrl-C / SIGTERM end the loop between steps
+        while state["step"] < total_steps and not stop.asked:
+            step = state["step"]
+            epoch, position = divmod(step, len(batches))
+            order = list(range(len(batches)))
+            random.Random(settings.seed * 1000 + epoch).shuffle(order)  # same order on resume
+            batch = {k: v.to(device) for k, v in collate(records, batches[order[position]], head_index).items()}
+            gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+            starts = random_block_starts(batch["tokens"].shape[1], settings.block_min, settings.block_max, gen)
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.precision == "bf16"):
+                logits = draft(batch["tokens"], batch["hidden"] if settings.use_hidden else None, starts)
+            loss = distill_loss(logits, batch["top_index"], batch["top_probs"], batch["valid"], settings.loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            schedule.step()
+            state["step"] += 1
+            state["tokens"] += int(batch["valid"].sum())
+            state["seconds"] += time.perf_counter() - t0
+            state["losses"].append(float(loss.detach()))
+            if report:
+                recent = state["losses"][-50:]
+                report(
+                    "train",
+                    state["step"],
+                    total_steps,
+                    loss=sum(recent) / len(recent),
+                    tokens_per_s=state["tokens"] / state["seconds"],
+                )
+            if time.monotonic() - last_save > 60 * settings.checkpoint_minutes or state["step"] == total_steps:
+                _save_checkpoint(checkpoint, draft, optimizer, schedule, state, job)
+                last_save = time.monotonic()
+        if stop.asked:  # Ctrl-C or SIGTERM: the last whole step is saved, so --resume goes on exactly from it
             _save_checkpoint(checkpoint, draft, optimizer, schedule, state, job)
-            last_save = time.monotonic()
+            raise KeyboardInterrupt(f"training stopped at step {state['step']}; checkpoint saved: resume with --resume")
     draft.eval()
     recent = state["losses"][-50:]
     return {
@@ -358,6 +365,32 @@ def train(
         "seconds": state["seconds"],
         "final_loss": sum(recent) / max(1, len(recent)),
     }
+
+
+class _StopRequest:
+    asked = False
+
+
+@contextlib.contextmanager
+def _stop_between_steps():
+    """SIGINT and SIGTERM ask the loop to stop after the step it is in (main thread only; elsewhere they act as
+    they always do)."""
+    request = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def ask(signum, frame) -> None:
+        if request.asked:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        request.asked = True
+
+    previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def learning_rate_factor(step: int, total: int) -> float:
