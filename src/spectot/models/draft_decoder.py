@@ -235,8 +235,12 @@ class DraftDecoder(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.trainable_state().items()}
         state["head_ids"] = head_ids.to(torch.int32).contiguous()
-        save_file(state, str(out / "draft.safetensors"))
-        (out / "draft.json").write_text(json.dumps(asdict(self.config), indent=1))
+        # each file written aside and renamed: a kill mid-save leaves the previous draft whole, never new weights
+        # beside an old config (the config goes last: a draft.json names weights that are in place)
+        save_file(state, str(out / "draft.safetensors.partial"))
+        (out / "draft.safetensors.partial").replace(out / "draft.safetensors")
+        (out / "draft.json.partial").write_text(json.dumps(asdict(self.config), indent=1))
+        (out / "draft.json.partial").replace(out / "draft.json")
 
     @staticmethod
     def read_config(directory: str | Path) -> DraftDecoderConfig:

@@ -158,7 +158,8 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         "head_coverage": float(token_counts(sequences, vocab)[head_ids].sum()) / sum(map(len, sequences)),
         "train": summary,
     }
-    (out / "train.json").write_text(json.dumps(result, indent=1))
+    (out / "train.json.partial").write_text(json.dumps(result, indent=1))
+    (out / "train.json.partial").replace(out / "train.json")
     return result
 
 
