@@ -186,6 +186,11 @@ def test_generate_out_appends_batches_and_resumes_after_a_kill(capsys, checkpoin
     assert [json.loads(line)["token_ids"] for line in again] == [json.loads(line)["token_ids"] for line in full]
     code, _, err = run(capsys, *argv)
     assert code == 0 and "already done" in err
+    # the same prompts under another setup would mix two corpora in one file
+    out.write_text(full[0] + "\n")
+    code, _, err = run(capsys, *argv, "--temperature", "1.0")
+    assert code == 2 and "holds generations of another setup (sampling differ" in err
+    assert out.read_text() == full[0] + "\n"
 
 
 def test_generate_out_refuses_another_jobs_file(capsys, checkpoint, tmp_path) -> None:

@@ -305,6 +305,7 @@ def _generate(args: argparse.Namespace) -> int:
         from spectot.data.jsonl import resume_outputs
 
         done = resume_outputs(options.out, prompts)
+        _check_generation_run(options.out, model, sampling, options, draft, done)
         if done == len(prompts):
             print(f"{options.out}: all {done} prompts already done", file=sys.stderr)
             return 0
@@ -344,6 +345,31 @@ def _generate(args: argparse.Namespace) -> int:
         console.print(out.text, markup=False, highlight=False)
     console.print(stats_table([o.stats for o in outs], options.method))
     return 0
+
+
+def _check_generation_run(out: str, model, sampling, options, draft, done: int) -> None:
+    """``OUT.run.json`` records what shapes the outputs (target, dtype, sampling, seed, method, draft); a resumed
+    run must match it, or the file would mix generations of two setups (a corpus for training, say)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    run = {
+        "model": {k: v for k, v in asdict(model).items() if k != "threads"},
+        "sampling": asdict(sampling),
+        "method": options.method,
+        "draft": draft.draft if options.method == "sd" else None,
+    }
+    record = Path(out + ".run.json")
+    if done and record.exists():
+        before = json.loads(record.read_text())
+        differ = sorted(k for k in run if json.loads(json.dumps(run[k])) != before.get(k))
+        if differ:
+            raise ValueError(
+                f"{out} holds generations of another setup ({', '.join(differ)} differ, see {record}): resume "
+                "with the same flags, or write to another --out"
+            )
+    elif not done:
+        record.write_text(json.dumps(run, indent=1))
 
 
 def _append_outputs(path: str, done: int, total: int) -> Callable[[list], None]:
