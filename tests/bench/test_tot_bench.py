@@ -28,3 +28,29 @@ def test_bench_tot_engines_keep_ar_trees_across_problems_and_resume(tiny_checkpo
     again = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
     assert (tmp_path / "records.jsonl").read_text().splitlines() == lines
     assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="needs ../shared/data/gsm8k/test.jsonl")
+def test_bench_tot_closes_each_continuous_engine_before_the_next(tiny_checkpoint, tmp_path, monkeypatch) -> None:
+    """A continuous engine left running keeps its worker and its OpenMP pool: every engine after it ran slower."""
+    import threading
+
+    import spectot.pipeline
+
+    alive_at_creation: list[int] = []
+    make_engine = spectot.pipeline.make_engine
+
+    def counting(*args, **kwargs):
+        alive_at_creation.append(sum(t.name == "spectot-engine" for t in threading.enumerate()))
+        return make_engine(*args, **kwargs)
+
+    monkeypatch.setattr(spectot.pipeline, "make_engine", counting)
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    search = SearchOptions(thought_temperature=0.0, depth=2, thoughts=2)
+    opts = BenchTotOptions(
+        gsm8k=str(GSM8K), problems=2, in_flight=2, engines="continuous-ar,continuous-sd,ar", out=str(tmp_path)
+    )
+    result = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
+    assert all(r["same_answers_as_ar"] == 2 for r in result["rows"])
+    assert alive_at_creation == [0, 0, 0]  # each engine made with none of the earlier ones running
+    assert not any(t.name == "spectot-engine" for t in threading.enumerate())  # nor once the bench returns

@@ -165,8 +165,10 @@ def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> li
         ("creative_writing", range(n_gsm8k, n_prompts)),
     ):
         ar_speed = None
+        # the prompts every method has a record of: a run cut short compares the methods on the same prompts
+        idx = [i for i in idx if all((name, i) in records for name in methods)]
         for name in methods:
-            recs = [records[(name, i)] for i in idx if (name, i) in records]
+            recs = [records[(name, i)] for i in idx]
             if not recs:
                 continue
             stats = [r["stats"] for r in recs]
@@ -185,6 +187,7 @@ def _summarize(records: dict, methods: dict, n_prompts: int, n_gsm8k: int) -> li
                 {
                     "method": name,
                     "prompts": subset,
+                    "prompts_compared": len(idx),
                     "tokens_per_step": (accepted + steps) / steps if steps else 1.0,
                     "acceptance_rate": accepted / proposed if proposed else 0.0,
                     "c": cost.get("c_extra_depth"),
@@ -216,7 +219,7 @@ def _markdown(result: dict) -> str:
         f"# bench drafts — {cfg['target']} {cfg['dtype']}, {cfg['gsm8k_prompts']} held-out GSM8K + {cfg['cw_prompts']} "
         f"Creative Writing prompts, {cfg['max_new_tokens']} new tokens, greedy, k = {cfg['k']}, {result['machine']['threads']} threads",
         "",
-        "| prompts | draft | tokens/step (incl. bonus) | acceptance rate | c (draft step / target step) | tokens/s | "
+        "| prompts | draft | tokens/step (incl. bonus) | acceptance rate | c (its chain's depth step / target step) | tokens/s | "
         "speedup vs ar | ms per step: draft / verify / other | ECE |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -229,6 +232,14 @@ def _markdown(result: dict) -> str:
             f"{r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f}x | "
             f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['other']:.1f} | {ece} |"
         )
+    compared = {r["prompts"]: r.get("prompts_compared") for r in result["rows"]}
+    lines += [
+        "",
+        "Every draft compared on the same prompts ("
+        + ", ".join(f"{k}: {v}" for k, v in compared.items() if v is not None)
+        + "). c is each draft's chain timed on its own, once a row (a row's tree or lookup branch is not in it: the "
+        "spread of c between rows of one draft is the timing's noise).",
+    ]
     if result.get("t_curve"):
         points = ", ".join(f"t({p['n']}) = {p['t']:.2f}" for p in result["t_curve"])
         lines += ["", f"Target forward over n rows, relative to one (PCT sizes its trees by it): {points}"]

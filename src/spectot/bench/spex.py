@@ -101,13 +101,15 @@ def run_bench_spex(
     cells = [(t, s, q, v) for t, _ in tasks for s in searches for q in in_flight for v in variants]
     # a cell runs chunk by chunk, the variants of its group taking turns on each chunk of questions, so the
     # machine's drift over the minutes a group takes hits every variant alike
+    # ... and in a rotating order (chunk j starts with variant j), so no variant always runs first (plain did:
+    # a disturbance at a chunk's start fell on it alone)
     todo = [
         (task, search, queries, variant, first)
         for task, _ in tasks
         for search in searches
         for queries in in_flight
-        for first in chunk_starts(opts.problems, opts.chunk, queries)
-        for variant in variants
+        for j, first in enumerate(chunk_starts(opts.problems, opts.chunk, queries))
+        for variant in variants[j % len(variants) :] + variants[: j % len(variants)]
     ]
     data = {name: {"path": path, "content": content_id(path)} for name, path in tasks}
     for key in [k for k in records if len(k) == 5 and k[0] in data and records[k]["data"] != data[k[0]]]:
@@ -118,6 +120,9 @@ def run_bench_spex(
         for task, search, queries, variant, first in todo:
             explore, method, early_stop = VARIANTS[variant]
             pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
+            draft_cache = getattr(pipe.decoder.proposer, "prefixes", None)
+            if draft_cache is not None:  # the draft's too (spex+sd found sd's on the same questions)
+                draft_cache.clear()
             backend = LocalEngineBackend.from_pipeline(
                 pipe, method, name=model.target, fill_rows=tree.fill_rows, draft_priority=draft_priority(tree)
             )

@@ -14,6 +14,7 @@ same distribution with other random numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -52,7 +53,8 @@ def run_bench_tot(
     (out / "profile.json").write_text(json.dumps(costs or {}))
     todo = [(t, e, i) for t in tasks for e in engines for i in range(opts.problems) if (t, e, i) not in records]
     made = {}  # one engine per (task, engine) across its problems, as `spectot solve --limit N` runs them
-    with progress_bar() as bar:
+    with progress_bar() as bar, contextlib.ExitStack() as engines_open:
+        engines_open.callback(lambda: _close(made))  # a continuous engine's worker thread holds an OpenMP pool
         job = bar.add_task("bench tot", total=len(todo))
         while todo:
             task, engine, i = todo[0]
@@ -71,6 +73,9 @@ def run_bench_tot(
             )
             pipe.decoder.prefix_cache.clear()  # each timed unit starts cold: the same prefill work for all
             if (task, engine) not in made:
+                # the previous engine closed first: a continuous one left running kept its worker's OpenMP pool,
+                # and with more threads than cores every later engine ran slower (they stop spinning)
+                _close(made)
                 made = {(task, engine): make_engine(pipe, engine, draft_opts, model_opts, costs)}
             run = run_solve(
                 model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)], in_flight=width
@@ -160,3 +165,13 @@ def markdown(rows: list[dict]) -> str:
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
+
+
+def _close(engines: dict) -> None:
+    """Close the engines that hold a worker (continuous ones); the others need nothing. ``engines`` maps a
+    (task, engine name) to ``make_engine``'s (engine, method)."""
+    for engine, _ in engines.values():
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+    engines.clear()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records, machine_info
+from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.config import BenchTreesOptions, DraftOptions, ModelOptions
 from spectot.spec.profile import measure_costs
 from spectot.pipeline import Pipeline, make_proposer, make_tree_policy
@@ -71,8 +71,13 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
     pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
     prompts = [pipe.encode(t) for t in texts]
     measure_prompts = [pipe.encode(q) for q in questions[opts.gsm8k_prompts :]]
-    config_key = {**asdict(opts), **asdict(model_opts), "draft": draft_opts.draft}
+    config_key = run_identity(
+        {**asdict(opts), **asdict(model_opts), **{f"draft_{k}": v for k, v in asdict(draft_opts).items()}}
+    )
     records = load_records(out / "records.jsonl", config_key)
+    # the trees are measured as trees: no prompt-lookup branch grafted on (it adds ranks past the width the
+    # acceptance vectors are measured over, and the DP's predictions model none)
+    draft_opts = replace(draft_opts, lookup=0)
     temperatures = [float(t) for t in opts.temperatures.split(",")]
     proposers = {}
 
@@ -108,8 +113,9 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
             bar.advance(task)
         # 2. every method at every temperature
         methods = _methods(draft_opts, opts, acceptance, costs)
+        # prompt-major: a machine whose speed drifts slows every method alike (method-major hands the drift to one)
         todo = [
-            (m, t, i) for t in temperatures for m in methods[t] for i in range(len(prompts)) if (m, t, i) not in records
+            (m, t, i) for t in temperatures for i in range(len(prompts)) for m in methods[t] if (m, t, i) not in records
         ]
         task = bar.add_task("bench trees", total=len(todo))
         for name, temp, i in todo:
@@ -125,6 +131,9 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
             if i == 0:  # untimed warm-up per method
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))
             pipe.decoder.prefix_cache.clear()  # every method prefills the prompt: same work, fair times
+            draft_cache = getattr(pipe.decoder.proposer, "prefixes", None)
+            if draft_cache is not None:  # and the draft too: not from its KV of another method's run
+                draft_cache.clear()
             res = pipe.decoder.generate([prompts[i]], config)[0]
             rec = {
                 "tokens": res.token_ids,
@@ -202,7 +211,9 @@ def _summarize(records, methods, temperatures, n_prompts, n_gsm8k, acceptance, c
                 ("gsm8k", range(n_gsm8k)),
                 ("creative_writing", range(n_gsm8k, n_prompts)),
             ):
-                recs = [records[(name, temp, i)] for i in idx if (name, temp, i) in records]
+                # the prompts every method has a record of: a cut run compares methods on the same prompts
+                idx = [i for i in idx if all((m, temp, i) in records for m in methods[temp])]
+                recs = [records[(name, temp, i)] for i in idx]
                 if not recs:
                     continue
                 stats = [r["stats"] for r in recs]
@@ -220,8 +231,9 @@ def _summarize(records, methods, temperatures, n_prompts, n_gsm8k, acceptance, c
                     "tokens_per_second": tokens / seconds,
                     "predicted_tokens_per_step": _predicted(options, acceptance[temp]),
                 }
+                row["prompts_compared"] = len(idx)
                 if temp == 0:
-                    ref = [records[("ar", temp, i)]["tokens"] for i in idx if ("ar", temp, i) in records]
+                    ref = [records[("ar", temp, i)]["tokens"] for i in idx]
                     row["same_tokens_as_ar"] = sum(r["tokens"] == a for r, a in zip(recs, ref))
                 rows.append(row)
         for row in rows:
