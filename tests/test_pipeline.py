@@ -66,3 +66,17 @@ def test_a_short_context_target_loads_with_the_adaptive_draft_length(tiny_checkp
     ar = pipe.generate("w1 w2 w3 w1 w2", max_new_tokens=20, method="ar")[0]
     sd = pipe.generate("w1 w2 w3 w1 w2", max_new_tokens=20, method="sd")[0]
     assert sd.token_ids == ar.token_ids
+
+
+def test_each_prompt_draws_its_own_samples_whatever_the_batching(tiny_checkpoint) -> None:
+    """Prompt i is seeded by (seed, its index): batch 1 gave every prompt the same seed (six copies of a prompt
+    sampled one text; 40 prompts one first token), and a resumed run drew other samples than an unbroken one."""
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    prompts = ["w1 w2 w3"] * 6 + [f"w{i} w{i + 1}" for i in range(4, 10)]
+    sample = dict(max_new_tokens=6, do_sample=True, temperature=1.0, method="ar", seed=3)
+    one = [g.token_ids for g in pipe.generate(prompts, batch_size=1, **sample)]
+    four = [g.token_ids for g in pipe.generate(prompts, batch_size=4, **sample)]
+    resumed = [g.token_ids for g in pipe.generate(prompts[5:], batch_size=2, first_index=5, **sample)]
+    assert one == four and one[5:] == resumed
+    assert len({tuple(t) for t in one[:6]}) > 1  # copies of one prompt are independent draws

@@ -19,7 +19,7 @@ import torch
 from spectot.config import DraftOptions, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
-from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop
+from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, prompt_seeds
 from spectot.spec.draft_length import DraftLength, ForwardTime
 from spectot.spec.proposers.base import Proposer, drafts_chains
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
@@ -231,9 +231,12 @@ class Pipeline:
         seed: int = 0,
         batch_size: int = 1,
         on_batch: Callable[[list[Generation]], None] | None = None,
+        first_index: int = 0,
     ) -> list[Generation]:
         """Decode ``prompts`` ``batch_size`` at a time; ``on_batch`` gets each batch's generations as soon
-        as it finishes (a long job writes them out and can resume from there)."""
+        as it finishes (a long job writes them out and can resume from there). Prompt i is seeded by
+        ``prompt_seeds(seed, first_index + i)`` (``first_index``: where ``prompts`` start in the job's list), so
+        its samples do not depend on the batch size or the point a run resumed from."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if method == "sd" and self.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with draft='ngram' or a draft model")
@@ -250,9 +253,10 @@ class Pipeline:
             if (fault := self.decoder.prompt_fault(ids, config)) is not None:
                 raise PromptError(i, len(prompts), fault)
         results: list[Generation] = []
+        seeds = prompt_seeds(seed, first_index, len(prompts))
         for first in range(0, len(prompts), batch_size):
             chunk = prompts[first : first + batch_size]
-            outs = self.decoder.generate(encoded[first : first + batch_size], config)
+            outs = self.decoder.generate(encoded[first : first + batch_size], config, seeds[first : first + batch_size])
             batch = [self._finish(p, out, config.stop) for p, out in zip(chunk, outs)]
             if on_batch is not None:
                 on_batch(batch)

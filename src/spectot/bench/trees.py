@@ -25,7 +25,7 @@ from spectot.bench.records import append_record, load_records, machine_info, run
 from spectot.config import BenchTreesOptions, DraftOptions, ModelOptions
 from spectot.spec.profile import measure_costs
 from spectot.pipeline import Pipeline, make_proposer, make_tree_policy
-from spectot.spec.decoding import DecodeConfig
+from spectot.spec.decoding import DecodeConfig, prompt_seeds
 from spectot.spec.sampling import SamplingParams
 from spectot.spec.trees.sequoia import expected_tokens, sequoia_tree
 from spectot.spec.trees.sizing import TCurve, choose_tree_size
@@ -42,8 +42,8 @@ def measure_acceptance(
     """Positional acceptance vector p_1..p_W from star-tree decoding of ``prompts``."""
     accepted, visits = [0] * width, 0
     config = DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, method="sd", num_draft_tokens=1, seed=seed)
-    for prompt in prompts:
-        stats = pipe.decoder.generate([prompt], config)[0].stats
+    for i, prompt in enumerate(prompts):
+        stats = pipe.decoder.generate([prompt], config, prompt_seeds(seed, i, 1))[0].stats  # each prompt its own noise
         visits += stats.rank_visits
         for r, a in enumerate(stats.accepted_rank):
             accepted[r] += a

@@ -324,6 +324,7 @@ def _generate(args: argparse.Namespace) -> int:
             seed=sampling.seed,
             batch_size=options.batch_size,
             on_batch=None if options.out is None else _append_outputs(options.out, done, len(prompts)),
+            first_index=options.offset + done,
         )
     except PromptError as err:  # raised before any decoding: name the prompt in the user's file
         if options.prompts is None:

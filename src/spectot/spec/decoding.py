@@ -14,6 +14,7 @@ and ``spectot serve`` keeps one session open and batches whatever requests are l
 
 from __future__ import annotations
 
+import hashlib
 import functools
 import math
 import time
@@ -97,6 +98,15 @@ class _PromptEntry:
     logits: torch.Tensor  # (V,) at the prompt's last token
     hidden: torch.Tensor | None  # (len(prompt), H) for EDD drafts
     users: int = 0  # streams forked from it and not yet released
+
+
+def prompt_seeds(seed: int, first: int, n: int) -> list[int]:
+    """The seeds of prompts ``first .. first + n - 1`` of a job seeded ``seed``: a pure function of the prompt's
+    index, so a prompt draws the same samples whatever the batch size, offset or resume point, and no two prompts
+    share their noise (each call's default seeds restart from ``config.seed``)."""
+    digest = hashlib.blake2b(repr((seed, "prompt")).encode(), digest_size=8).digest()
+    base = int.from_bytes(digest, "little") >> 2
+    return [(base + first + i) % 2**62 for i in range(n)]
 
 
 class Decoder:
