@@ -80,3 +80,20 @@ def test_each_prompt_draws_its_own_samples_whatever_the_batching(tiny_checkpoint
     resumed = [g.token_ids for g in pipe.generate(prompts[5:], batch_size=2, first_index=5, **sample)]
     assert one == four and one[5:] == resumed
     assert len({tuple(t) for t in one[:6]}) > 1  # copies of one prompt are independent draws
+
+
+def test_which_drafts_sample_their_tokens(tiny_checkpoint, tiny_model, tmp_path) -> None:
+    """A sampling draft keeps the distribution but not a request's very samples (SPEX warns of it)."""
+    from spectot.pipeline import make_proposer, samples_its_drafts
+
+    target = tiny_model("llama", 0)
+    config = DraftDecoderConfig("edd", 1, -2, 64, fingerprint(target), target.config.to_dict())
+    DraftDecoder.initialise(config, target, torch.arange(64)).save(tmp_path / "edd", torch.arange(64))
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    edd = str(tmp_path / "edd")
+    assert not samples_its_drafts(None)
+    assert not samples_its_drafts(make_proposer(DraftOptions(draft="ngram"), pipe.target, model))
+    assert not samples_its_drafts(make_proposer(DraftOptions(draft=edd), pipe.target, model))  # top children
+    sampled = DraftOptions(draft=edd, tree="k_config", k_config="2,1")  # auto: drawn without replacement
+    assert samples_its_drafts(make_proposer(sampled, pipe.target, model))

@@ -739,7 +739,8 @@ class TreeSearchOptions:
         default="primary",
         **opt(
             "SPEX + SD, local engine: the requests the draft drafts for: primary ones, + the likeliest pre-run's "
-            "(MCTS exact), or every speculative one too; the others decode autoregressively, to the same tokens"
+            "(MCTS exact), or every speculative one too; the others decode autoregressively, to the same tokens "
+            "(with a deterministic draft; a sampling draft keeps the distribution only)"
         ),
     )
     dfs_speculation: Literal["exact", "fold"] = field(

@@ -113,6 +113,15 @@ def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOption
     return DraftModelProposer(runner, name=options.draft)
 
 
+def samples_its_drafts(proposer: Proposer | None) -> bool:
+    """Whether the draft samples its tokens (an independent draft model, a trained draft's sampled children):
+    verified by speculative sampling, it keeps the target's distribution but draws on the stream's generator,
+    so a request's samples depend on how it was drafted. The n-gram draft and top-token children do not."""
+    if isinstance(proposer, DraftModelProposer):
+        return True
+    return isinstance(proposer, DraftDecoderProposer) and proposer.children != "top"
+
+
 CPU_DRAFT_HEAD = 2048  # --draft-head -1 on a CPU: see draft_head_size
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from spectot.search.expansion import NEXT, PRIMARY, ExpansionSampling
 from spectot.search.tree_search import TreeSearchConfig
 from spectot.tasks.base import Problem
 from spectot.tasks.registry import load_problems, make_task
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,11 +101,18 @@ def make_backend(
             connect_timeout=options.connect_timeout,
         )
     from spectot.backends.local import LocalEngineBackend
-    from spectot.pipeline import Pipeline
+    from spectot.pipeline import Pipeline, samples_its_drafts
 
     if pipe is None:
         pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
     tree = tree or TreeSearchOptions()
+    if tree.explore == "spex" and options.method == "sd" and samples_its_drafts(pipe.proposer):
+        logger.warning(
+            "a sampling draft (%s): SPEX's searches keep the plain search's distribution, not its very trees "
+            "(whether a step drafts changes which sample comes out); a deterministic draft (ngram, or a trained "
+            "draft with --tree-children top) keeps the trees",
+            type(pipe.proposer).__name__,
+        )
     return LocalEngineBackend.from_pipeline(
         pipe,
         options.method,

@@ -345,3 +345,21 @@ def test_a_stopped_engine_refuses_new_work_at_once(tiny_llama) -> None:
             engine.submit([3, 4], DecodeConfig(max_new_tokens=4), 0)
     finally:
         engine.close()
+
+
+def test_a_level_on_the_continuous_engine_counts_its_own_forwards(tiny_llama) -> None:
+    """The engine's one session lives as long as the engine: its results' forward counts are running totals, so
+    levels counted by them grew 8, 16, 24 (48 in all for 24 forwards)."""
+    from spectot.schedulers.chained import ContinuousLevelEngine
+    from spectot.search.policy import GenerationCall, LocalBackend
+    from spectot.tasks.base import StepRequest
+
+    engine = ContinuousLevelEngine(ContinuousEngine(Decoder(ModelRunner(tiny_llama()))))
+    backend = LocalBackend(lambda text: [3 + int(w[1:]) for w in text.split()], str, engine, "ar", 1)
+    try:
+        for level in range(3):
+            request = StepRequest(f"w{level} w5", (), 8)
+            backend.generate(GenerationCall([request], 0.0, [level], "TG"))
+    finally:
+        engine.close()
+    assert 0 < backend.stats["TG"].target_forwards <= 3 * 8

@@ -8,7 +8,10 @@ token-level speculative decoding inside each — and *black-box* — an OpenAI-c
 vLLM or SGLang (``backends/openai.py``).
 
 A request's ``seed`` fixes its samples: the local engine draws a request's tokens from its own
-generator, so the same request gives the same text however requests are batched or scheduled.
+generator, so the same request gives the same text however requests are batched or scheduled — with no
+draft or a deterministic one (n-gram, a trained draft's top-token children). A sampling draft (an independent
+draft model, sampled tree children) draws on that generator as it drafts, so there the seed fixes the
+distribution, and the text depends on how the request was drafted.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ class LocalEngineBackend:
     ):
         """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``;
         ``draft_priority``: draft only for requests of this priority value or lower, at each step (0: primary ones,
-        a speculative request the search takes over included; the output is the same either way, so this only
-        decides where the forward's rows go)."""
+        a speculative request the search takes over included; with a deterministic draft the output is the same
+        either way, so this only decides where the forward's rows go; a sampling draft keeps the distribution)."""
         if method == "sd" and pipe.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with a draft (e.g. draft='ngram')")
         engine = ContinuousEngine(

@@ -16,7 +16,11 @@ carries at nearly the cost of one: t(8) ~ 1.3 t(1) on the reference CPU), so its
 stalls them; a primary request is prefilled at once.
 
 Each request keeps its own seed, so its tokens are the same whatever else is in the batch: greedy
-output equals plain decoding of the target, sampled output is distributed as the target's.
+output equals plain decoding of the target, sampled output is distributed as the target's. With a
+deterministic draft (n-gram, a trained draft's top-token children: the coupled rule) the sampled tokens are
+also the same; a sampling draft (an independent draft model, sampled tree children) draws on the stream's
+generator as it drafts, so whether and how much a step drafts (priority, the batch's tree, adaptive k) changes
+which sample comes out, never its distribution.
 """
 
 from __future__ import annotations

@@ -189,9 +189,14 @@ class LocalBackend:
                 call.component,
             )
             t = time.perf_counter()
+            steps = _engine_steps(self.engine)
             results = self.engine.run(level, self.timeline)
             seconds = time.perf_counter() - t
-            self._count(call.component, results, seconds, results[0].stats.target_forwards if results else 0)
+            if steps is not None:  # a long-lived engine's session counts every forward since it started
+                forwards = _engine_steps(self.engine) - steps
+            else:
+                forwards = results[0].stats.target_forwards if results else 0
+            self._count(call.component, results, seconds, forwards)
             self._record(call, results)
             for i, res in zip(members, results):
                 texts[i] = cut_at_stop(self.decode(res.token_ids), stop)
@@ -229,3 +234,10 @@ class LocalBackend:
                 c.verify_steps += r.stats.verify_steps
                 c.proposed += r.stats.proposed
                 c.accepted += r.stats.accepted
+
+
+def _engine_steps(engine) -> int | None:
+    """The forwards a continuous engine has run so far (its counters; as ``run_chained`` counts), else None."""
+    inner = getattr(engine, "engine", None)
+    counters = getattr(inner, "counters", None)
+    return None if counters is None else counters.steps
