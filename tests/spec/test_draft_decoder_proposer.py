@@ -726,3 +726,12 @@ def test_sized_pct_selects_the_lookup_branch_with_the_drafts_nodes(target, draft
             proposed[name, lookup] = sum(r.stats.proposed for r in out) / steps  # nodes verified a step
     assert proposed["free", 1] > proposed["free", 0] > 0
     assert proposed["linear", 0] == proposed["linear", 1] == 0
+
+
+def test_a_tree_of_the_root_alone_drafts_nothing(target) -> None:
+    """Sequoia's sizing picks n = 1 (plain decoding) for a large batch; its one-node tree must draft nothing (the
+    native chain was asked for zero depths and raised, failing a continuous engine's whole step)."""
+    prop = proposer(make_draft(target, "edd", HEAD_IDS), policy=StaticPolicy((-1,)))
+    want = decode(target, [[3, 17, 42, 8]], max_new_tokens=8)[0].token_ids
+    got = decode(target, [[3, 17, 42, 8]], prop, max_new_tokens=8, num_draft_tokens=3)[0]
+    assert got.token_ids == want and got.stats.proposed == 0 and prop.forwards == 0

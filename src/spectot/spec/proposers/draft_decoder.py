@@ -126,7 +126,8 @@ class DraftDecoderProposer:
         draft_params = SamplingParams(do_sample=True, temperature=1.0) if params.greedy else params
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
         policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
-        active = [r for r in requests if r.k > 0 and self._room(r) > 0]
+        # a tree of the root alone (the hardware-aware rule picks n = 1 for a large batch) drafts nothing
+        active = [r for r in requests if r.k > 0 and self._room(r) > 0 and policies[r.key].max_depth > 0]
         for r in active:
             if r.key not in self._streams:
                 fork = self.prefixes.fork(r.tokens[:-1].tolist())
