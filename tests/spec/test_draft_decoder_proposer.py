@@ -735,3 +735,22 @@ def test_a_tree_of_the_root_alone_drafts_nothing(target) -> None:
     want = decode(target, [[3, 17, 42, 8]], max_new_tokens=8)[0].token_ids
     got = decode(target, [[3, 17, 42, 8]], prop, max_new_tokens=8, num_draft_tokens=3)[0]
     assert got.token_ids == want and got.stats.proposed == 0 and prop.forwards == 0
+
+
+def test_a_stream_that_drafts_nothing_for_a_while_keeps_its_hidden_states(target) -> None:
+    """Steps whose tree is the root alone read no hidden states; the rows they brought wait for the next catch-up
+    (they were dropped: 'EDD needs the target's hidden states of 484 new tokens, got 1', continuous-sd on SmolLM2)."""
+    prop = proposer(make_draft(target, "edd", HEAD_IDS))
+    decoder = Decoder(ModelRunner(target), proposer=prop)
+    prompt = [3, 17, 42, 8, 21, 9]
+    want = decode(target, [prompt], max_new_tokens=16)[0].token_ids
+    root, chain = StaticPolicy((-1,)), StaticPolicy((-1, 0, 1))
+    config = DecodeConfig(method="sd", max_new_tokens=16, num_draft_tokens=2)
+    with decoder.session([prompt], config) as session:
+        session.prefill(session.streams)
+        step = 0
+        while active := [s for s in session.streams if s.finish is None]:
+            session.verify(active, session.propose(active, chain if step % 3 == 2 else root))
+            step += 1
+        got = session.results()[0]
+    assert got.token_ids == want and got.stats.proposed > 0

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from typing import Literal
 
@@ -112,6 +112,9 @@ class DraftDecoderProposer:
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
         self._scratch: int | None = None  # a stream holding a native tree's nodes while it grows (``_native_tree``)
         self._committed: dict[int, torch.Tensor] = {}  # decoding key -> the tokens in the draft's cache
+        # hidden states a request brought that no catch-up read yet (a step that drafted nothing): the next
+        # request's ``hidden`` only holds the rows since it, so they wait here
+        self._unread: dict[int, torch.Tensor] = {}
         # a search's prompts extend each other: a new stream forks the draft KV of the longest kept
         # prefix instead of running its whole prompt through the draft (on a 2-core Zen 5, rStar + SPEX +
         # EDD spent 0.5 s of 19 s on those prompt catch-ups)
@@ -125,9 +128,14 @@ class DraftDecoderProposer:
         # greedy "distribution" would make every confidence 1 and every sibling a zero-probability tie)
         draft_params = SamplingParams(do_sample=True, temperature=1.0) if params.greedy else params
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
+        requests = [self._with_unread(r) for r in requests]
         policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
         # a tree of the root alone (the hardware-aware rule picks n = 1 for a large batch) drafts nothing
         active = [r for r in requests if r.k > 0 and self._room(r) > 0 and policies[r.key].max_depth > 0]
+        drafting = {r.key for r in active}
+        for r in requests:
+            if r.key not in drafting and r.hidden is not None:  # kept for the catch-up of its next draft
+                self._unread[r.key] = r.hidden
         for r in active:
             if r.key not in self._streams:
                 fork = self.prefixes.fork(r.tokens[:-1].tolist())
@@ -461,6 +469,13 @@ class DraftDecoderProposer:
         as_tree = None if parents == list(range(-1, len(tokens) - 1)) else torch.tensor(parents)
         return Draft(torch.tensor(tokens, dtype=torch.int64), None, as_tree, confidence=confidence)
 
+    def _with_unread(self, r: DraftRequest) -> DraftRequest:
+        """``r`` with the hidden states earlier requests of its stream brought and no catch-up read, before its own."""
+        unread = self._unread.pop(r.key, None)
+        if unread is None:
+            return r
+        return replace(r, hidden=unread if r.hidden is None else torch.cat([unread, r.hidden]))
+
     def _policy_for(self, r: DraftRequest, streams: int = 1) -> TreePolicy:
         """The request's tree policy; a PCT policy priced for the ``streams`` drafting in this step."""
         if r.policy is not None:
@@ -476,6 +491,7 @@ class DraftDecoderProposer:
 
     def release(self, key: int) -> None:
         """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
+        self._unread.pop(key, None)
         if key in self._streams:
             self.prefixes.keep(self._streams.pop(key), self._committed.pop(key).tolist())
 
