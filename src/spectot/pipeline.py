@@ -18,7 +18,7 @@ import torch
 
 from spectot.config import DraftOptions, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
-from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model
+from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model, real_tokens
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, prompt_seeds
 from spectot.spec.draft_length import DraftLength, ForwardTime
 from spectot.spec.proposers.base import Proposer, drafts_chains
@@ -110,7 +110,8 @@ def make_proposer(options: DraftOptions, target: LoadedModel, model: ModelOption
     draft = load_model(options.draft, dtype=model.dtype, device=str(target.model.device))
     check_same_vocabulary(target, draft)
     runner = ModelRunner(draft.model, max_context=draft.max_context, kernels=model.kernels, exact_attention=False)
-    return DraftModelProposer(runner, name=options.draft)
+    # a head padded to another width than the target's (one tokenizer) drafts real tokens on the target's rows
+    return DraftModelProposer(runner, name=options.draft, tokens=real_tokens(target), target_rows=target.vocab_size)
 
 
 def samples_its_drafts(proposer: Proposer | None) -> bool:

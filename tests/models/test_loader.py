@@ -59,12 +59,16 @@ def test_draft_with_other_tokens_is_refused(tiny_llama) -> None:
         check_same_vocabulary(target, draft)
 
 
-def test_draft_with_a_different_lm_head_size_is_refused(tiny_llama) -> None:
+def test_a_draft_with_a_padded_head_pairs_and_one_too_small_is_refused(tiny_llama) -> None:
+    """One tokenizer, heads padded to different widths (Qwen2.5 0.5B / 7B): they pair; a head with fewer rows
+    than the tokenizer has tokens cannot."""
     target = loaded(tiny_llama(0), word_tokenizer(), "t")
-    draft = loaded(tiny_llama(1, vocab_size=72), word_tokenizer(), "d")  # padded head, same tokenizer
-    assert draft.vocab_size == 72 and target.vocab_size == 64
-    with pytest.raises(ModelLoadError, match="72 rows but the target's has 64"):
-        check_same_vocabulary(target, draft)
+    padded = loaded(tiny_llama(1, vocab_size=72), word_tokenizer(), "d")
+    assert padded.vocab_size == 72 and target.vocab_size == 64
+    check_same_vocabulary(target, padded)
+    small = loaded(tiny_llama(1, vocab_size=60), word_tokenizer(), "d")
+    with pytest.raises(ModelLoadError, match="60 rows and the target's 64, but the tokenizer has 64 tokens"):
+        check_same_vocabulary(target, small)
 
 
 # -- check_architecture ----------------------------------------------------------------------------

@@ -423,6 +423,12 @@ def dist_models(tiny_llama):
     return target, draft
 
 
+@pytest.fixture(scope="module")
+def padded_draft(tiny_llama):
+    """A draft whose head is padded past the tokens (rows DIST_VOCAB.. are no tokens, with random logits)."""
+    return tiny_llama(DRAFT_SEED, vocab_size=DIST_VOCAB + 5, initializer_range=0.2)
+
+
 @pytest.mark.parametrize(
     "draft, prompt, calls",
     [
@@ -430,6 +436,8 @@ def dist_models(tiny_llama):
         pytest.param("model", DIST_PROMPT, 200, id="draft-model"),
         # k re-chosen every step from the outcomes so far (a short memory, so it keeps changing)
         pytest.param("model-adaptive", DIST_PROMPT, 200, id="draft-model-adaptive-k"),
+        # a head padded to another width than the target's (one tokenizer): q over the tokens, on the target's rows
+        pytest.param("model-padded", DIST_PROMPT, 200, id="draft-model-padded-head"),
         # deterministic drafts, verified as one-hot q (the prompt repeats, so lookups hit)
         pytest.param("ngram", [1, 2, 3, 1, 2], 120, id="ngram"),
         # each lookup cut to the k* of its matched n-gram length, learned as it goes
@@ -437,11 +445,15 @@ def dist_models(tiny_llama):
         pytest.param("ngram-tree", [1, 2, 3, 1, 2, 0, 1, 3], 120, id="ngram-tree"),
     ],
 )
-def test_sd_sampling_matches_the_exact_target_joint(dist_models, draft: str, prompt: list[int], calls: int) -> None:
+def test_sd_sampling_matches_the_exact_target_joint(
+    dist_models, padded_draft, draft: str, prompt: list[int], calls: int
+) -> None:
     target, draft_model = dist_models
     exact = exact_joint(target, prompt, DIST_TOKENS)
     length = None
-    if draft.startswith("model"):
+    if draft == "model-padded":
+        proposer = DraftModelProposer(ModelRunner(padded_draft), tokens=DIST_VOCAB, target_rows=DIST_VOCAB)
+    elif draft.startswith("model"):
         draft_exact = exact_joint(draft_model, prompt, DIST_TOKENS)
         assert 0.5 * sum(abs(exact[s] - draft_exact[s]) for s in exact) > 0.3  # the draft really differs
         proposer = DraftModelProposer(ModelRunner(draft_model))
@@ -556,3 +568,12 @@ def test_a_step_that_only_fills_part_of_a_prompt_runs(target) -> None:
             session.verify([stream], session.propose([stream]))
         [result] = session.results()
     assert result.token_ids == expected.token_ids
+
+
+def test_a_padded_draft_head_keeps_ar_greedy(dist_models, padded_draft) -> None:
+    target, _ = dist_models
+    prompts = [DIST_PROMPT, [1, 2, 3, 1, 2]]
+    want = [r.token_ids for r in run(target, prompts, max_new_tokens=12)]
+    proposer = DraftModelProposer(ModelRunner(padded_draft), tokens=DIST_VOCAB, target_rows=DIST_VOCAB)
+    got = run(target, prompts, proposer, max_new_tokens=12, method="sd", num_draft_tokens=3)
+    assert [r.token_ids for r in got] == want and sum(r.stats.proposed for r in got) > 0

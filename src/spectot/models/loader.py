@@ -201,8 +201,14 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
             f"{len(t_vocab)} tokens, {differ} target tokens missing or renumbered in the draft): a draft must use "
             "the target's tokenizer; try `--draft ngram`"
         )
-    if draft.vocab_size != target.vocab_size:
+    tokens = real_tokens(target)
+    if min(draft.vocab_size, target.vocab_size) < tokens:
         raise ModelLoadError(
-            f"draft LM head has {draft.vocab_size} rows but the target's has {target.vocab_size}: the logits do not "
-            "line up; use a draft trained for this target"
+            f"draft LM head has {draft.vocab_size} rows and the target's {target.vocab_size}, but the tokenizer has "
+            f"{tokens} tokens: the logits do not line up; use a draft trained for this target"
         )
+
+
+def real_tokens(model: LoadedModel) -> int:
+    """The ids that are tokens (the tokenizer's, added ones included); an LM head may be padded past them."""
+    return max(model.tokenizer.get_vocab().values()) + 1

@@ -26,9 +26,17 @@ def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 class DraftModelProposer:
-    def __init__(self, runner: ModelRunner, name: str = "model") -> None:
+    """``tokens``: the ids that are real tokens (the tokenizer's; None: every row of the draft's head) and
+    ``target_rows``: the rows of the target's head (None: the draft's). A draft whose head is padded to another width
+    than the target's (Qwen2.5-0.5B's 151,936 rows against 7B's 152,064, one tokenizer) drafts from its rows of
+    real tokens only, and its q is laid out on the target's rows (0 on the padding): verification stays exact."""
+
+    def __init__(
+        self, runner: ModelRunner, name: str = "model", tokens: int | None = None, target_rows: int | None = None
+    ) -> None:
         self.runner = runner
         self.name = name
+        self.tokens, self.target_rows = tokens, target_rows  # (not ``width``: that names an n-gram tree's width)
         self.forwards = 0
         self._streams: dict[int, int] = {}  # decoding key -> draft KV stream
         self._fed: dict[int, torch.Tensor] = {}  # decoding key -> tokens whose KV the draft holds
@@ -48,10 +56,10 @@ class DraftModelProposer:
             still_drafting = []
             for r, logits in zip(active, out.logits):
                 self._fed[r.key] = torch.cat([self._fed[r.key], chains[r.key].tokens])
-                q = target_probs(logits[0], params)  # (V,)
+                q = target_probs(logits[0, : self.tokens], params)  # (V,) over the real tokens
                 token = int(q.argmax() if params.greedy else sample(q, r.generator or generator))
                 drafted[r.key].append(token)
-                probs[r.key].append(q)
+                probs[r.key].append(self._on_target_rows(q))
                 if len(drafted[r.key]) < min(r.k, room[r.key]):
                     chains[r.key] = TokenTree.chain([token])
                     still_drafting.append(r)
@@ -62,6 +70,12 @@ class DraftModelProposer:
             else Draft(torch.tensor(drafted[r.key], dtype=torch.int64), torch.stack(probs[r.key]))
             for r in requests
         ]
+
+    def _on_target_rows(self, q: torch.Tensor) -> torch.Tensor:
+        """q laid out on the target's head rows: zeros past the real tokens."""
+        if self.target_rows is None or self.target_rows == q.numel():
+            return q
+        return torch.nn.functional.pad(q, (0, self.target_rows - q.numel()))
 
     def _catch_up(self, r: DraftRequest) -> torch.Tensor:
         """Roll the draft's stream back to its common prefix with the real tokens; return the
