@@ -27,7 +27,6 @@ from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline, make_proposer, size_pct_trees
 from spectot.spec.profile import T_CURVE_ROWS, measure_costs
 from spectot.spec.proposers.base import Proposer
-from spectot.spec.proposers.draft_decoder import DraftDecoderProposer
 from spectot.spec.decoding import DecodeConfig
 from spectot.spec.stats import DecodeStats
 
@@ -88,9 +87,7 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
             pipe.decoder.proposer = proposers[name]
             if first_use:
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))  # untimed warm-up
-            pipe.decoder.prefix_cache.clear()  # every draft prefills the prompt: same work, fair times
-            if isinstance(proposers[name], DraftDecoderProposer):
-                proposers[name].prefixes.clear()  # and a trained draft runs it all too
+            pipe.decoder.clear_prefix_caches()  # every draft prefills the prompt, a trained one too: fair times
             res = pipe.decoder.generate([prompts[i]], config)[0]
             append_record(
                 out / "records.jsonl",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from spectot.data.jsonl import DataError
+from spectot.data.jsonl import DataError, appended_lines, drop_torn_line
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +68,13 @@ def load_records(path: Path, config: dict) -> dict[tuple, dict]:
     warning)."""
     if not path.exists():
         return {}
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    if lines[-1]:  # no final newline: the append that wrote it was cut short
+    lines, torn = appended_lines(path)
+    if torn:
         logger.warning("%s: the last record was cut short (the run was killed): it is measured again", path)
-        with path.open("r+b") as f:
-            f.truncate(len(raw) - len(lines[-1]))
+        drop_torn_line(path, torn)
     stored = json.loads(json.dumps(config))  # as written: tuples come back as lists
     records, others = {}, 0
-    for number, line in enumerate(lines[:-1], start=1):
+    for number, line in enumerate(lines, start=1):
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):

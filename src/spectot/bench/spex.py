@@ -119,10 +119,9 @@ def run_bench_spex(
         job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c[2], c[4]) for c in todo))
         for task, search, queries, variant, first in todo:
             explore, method, early_stop = VARIANTS[variant]
-            pipe.decoder.prefix_cache.clear()  # each chunk starts cold: the same prefill work for every variant
-            draft_cache = getattr(pipe.decoder.proposer, "prefixes", None)
-            if draft_cache is not None:  # the draft's too (spex+sd found sd's on the same questions)
-                draft_cache.clear()
+            # each chunk starts cold, the draft too (spex+sd found sd's KV of the same questions): the same
+            # prefill work for every variant
+            pipe.decoder.clear_prefix_caches()
             backend = LocalEngineBackend.from_pipeline(
                 pipe, method, name=model.target, fill_rows=tree.fill_rows, draft_priority=draft_priority(tree)
             )

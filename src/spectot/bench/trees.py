@@ -130,10 +130,9 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
             )
             if i == 0:  # untimed warm-up per method
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))
-            pipe.decoder.prefix_cache.clear()  # every method prefills the prompt: same work, fair times
-            draft_cache = getattr(pipe.decoder.proposer, "prefixes", None)
-            if draft_cache is not None:  # and the draft too: not from its KV of another method's run
-                draft_cache.clear()
+            # every method prefills the prompt, the draft too (not from its KV of another method's run): same
+            # work, fair times
+            pipe.decoder.clear_prefix_caches()
             res = pipe.decoder.generate([prompts[i]], config)[0]
             rec = {
                 "tokens": res.token_ids,

@@ -72,6 +72,19 @@ def read_field(path: str | Path, field: str, limit: int = 0) -> list[str]:
     return values
 
 
+def appended_lines(path: Path) -> tuple[list[bytes], bytes]:
+    """The whole lines of a file a job appends to, and its torn last line (b"" if none: a kill mid-append leaves
+    one without its newline); ``drop_torn_line`` cuts that off so the rerun writes it again."""
+    *lines, torn = path.read_bytes().split(b"\n")  # the last element is b"" after a final newline
+    return lines, torn
+
+
+def drop_torn_line(path: Path, torn: bytes) -> None:
+    if torn:
+        with path.open("r+b") as f:
+            f.truncate(path.stat().st_size - len(torn))
+
+
 def resume_outputs(path: str | Path, prompts: list[str]) -> int:
     """How many of ``prompts`` already have an output line in ``path`` (a JSONL file an earlier run of
     the same job appended to, one object with a "prompt" field per prompt, in order).
@@ -83,9 +96,7 @@ def resume_outputs(path: str | Path, prompts: list[str]) -> int:
     path = Path(path)
     if not path.exists():
         return 0
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    complete = lines[:-1]  # the last element is b"" after a final newline, else a torn line
+    complete, torn = appended_lines(path)
     for number, line in enumerate(complete, start=1):
         try:
             prompt = json.loads(line).get("prompt")
@@ -96,7 +107,5 @@ def resume_outputs(path: str | Path, prompts: list[str]) -> int:
                 f"{path}:{number}: holds the output of another prompt than prompt {number} of this job; "
                 "use another output file (or the prompts that wrote it)"
             )
-    if lines[-1]:
-        with path.open("r+b") as f:
-            f.truncate(len(raw) - len(lines[-1]))
+    drop_torn_line(path, torn)
     return len(complete)

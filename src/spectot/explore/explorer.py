@@ -166,9 +166,6 @@ class Explorer:
         if priority != PRIMARY:
             return await self.expander.expand(key, priority)
         job = self._jobs.get(key)
-        if job is not None and _failed(job.task) and job.speculative:
-            self.counters.failed += 1  # a speculative failure is a miss: the search runs the expansion itself
-            job = None
         if job is None or job.task.cancelled():
             job = self._jobs[key] = _Job(self._primary(key), False)
         hit = job.speculative and not job.used
@@ -180,10 +177,10 @@ class Explorer:
         job.used = True
         try:
             child = await asyncio.shield(job.task)  # a caller giving up must not cancel a shared expansion
-        except Exception:
+        except Exception:  # failed before or while awaited
             if not job.speculative:
                 raise  # primary work failed: the search fails, as the plain one would
-            self.counters.failed += 1
+            self.counters.failed += 1  # a speculative failure is a miss: the search runs the expansion itself
             job = self._jobs[key] = _Job(self._primary(key), False, used=True)
             child, hit = await asyncio.shield(job.task), False
         if hit:
@@ -382,7 +379,3 @@ def expected_widths(rule: WidthRule, finished: Sequence[Child], pending: int, bu
 
 def _succeeded(task: asyncio.Task) -> bool:
     return task.done() and not task.cancelled() and task.exception() is None
-
-
-def _failed(task: asyncio.Task) -> bool:
-    return task.done() and not task.cancelled() and task.exception() is not None

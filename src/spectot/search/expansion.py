@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from spectot.backends.base import AsyncBackend, Completion, CompletionRequest, LivePriority
-from spectot.search.policy import stream_seeds
+from spectot.spec.decoding import stream_seeds
 from spectot.tasks.base import Problem, State, StepRequest, Task
 
 RewardKind = Literal["self_eval", "logprob"]

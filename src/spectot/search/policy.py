@@ -8,14 +8,13 @@ same two-method interface. Per-component counters (TG / SE) feed the solve summa
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from spectot.spec.decoding import DecodeConfig, cut_at_stop
+from spectot.spec.decoding import DecodeConfig, cut_at_stop, stream_seeds
 from spectot.tasks.base import StepRequest
 
 
@@ -63,14 +62,6 @@ class Backend(Protocol):
 
 
 FollowRequest = Callable[[int, str], StepRequest]  # (request i, its text) -> the request that follows it
-
-
-def stream_seeds(seed: int, *labels: object, n: int) -> list[int]:
-    """n seeds for one level, a pure function of the run's seed and the level's labels, so every
-    engine draws each stream's samples from the same source."""
-    digest = hashlib.blake2b(repr((seed, *labels)).encode(), digest_size=8).digest()
-    base = int.from_bytes(digest, "little") >> 2
-    return [(base + i) % 2**62 for i in range(n)]
 
 
 @dataclass

@@ -100,13 +100,19 @@ class _PromptEntry:
     users: int = 0  # streams forked from it and not yet released
 
 
+def stream_seeds(seed: int, *labels: object, n: int, first: int = 0) -> list[int]:
+    """Seeds ``first .. first + n - 1`` of the streams a run seeded ``seed`` labels ``labels``: a pure function of
+    them, so every engine (and every batching of a job) draws each stream's samples from the same source."""
+    digest = hashlib.blake2b(repr((seed, *labels)).encode(), digest_size=8).digest()
+    base = int.from_bytes(digest, "little") >> 2
+    return [(base + first + i) % 2**62 for i in range(n)]
+
+
 def prompt_seeds(seed: int, first: int, n: int) -> list[int]:
     """The seeds of prompts ``first .. first + n - 1`` of a job seeded ``seed``: a pure function of the prompt's
     index, so a prompt draws the same samples whatever the batch size, offset or resume point, and no two prompts
     share their noise (each call's default seeds restart from ``config.seed``)."""
-    digest = hashlib.blake2b(repr((seed, "prompt")).encode(), digest_size=8).digest()
-    base = int.from_bytes(digest, "little") >> 2
-    return [(base + first + i) % 2**62 for i in range(n)]
+    return stream_seeds(seed, "prompt", n=n, first=first)
 
 
 class Decoder:
@@ -139,6 +145,14 @@ class Decoder:
     def hidden_layer(self) -> int | None:
         """The target layer whose hidden states of verified tokens the draft reads (EDD), if any."""
         return getattr(self.proposer, "hidden_layer", None)
+
+    def clear_prefix_caches(self) -> None:
+        """Start cold: drop the target's kept prefixes and the draft's own (a trained draft keeps its KV too), so
+        the next prompt is prefilled whole, as a timed comparison needs."""
+        self.prefix_cache.clear()
+        draft_cache = getattr(self.proposer, "prefixes", None)
+        if draft_cache is not None:
+            draft_cache.clear()
 
     def generate(
         self, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None = None
