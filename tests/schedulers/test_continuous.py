@@ -363,3 +363,19 @@ def test_a_level_on_the_continuous_engine_counts_its_own_forwards(tiny_llama) ->
     finally:
         engine.close()
     assert 0 < backend.stats["TG"].target_forwards <= 3 * 8
+
+
+def test_a_requests_statistics_cover_its_own_time_in_the_engine(tiny_llama) -> None:
+    """The engine's one session outlives its requests: a request's forwards and times are those of the steps it
+    was in (they were the session's running totals, and time_total was 0)."""
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())))
+    try:
+        first = engine.submit([3, 4, 5], DecodeConfig(max_new_tokens=8), 0).result(timeout=60)
+        second = engine.submit([7, 8], DecodeConfig(max_new_tokens=8), 1).result(timeout=60)
+    finally:
+        engine.close()
+    for r in (first, second):  # a prefill forward, then one verification forward per later token
+        assert r.stats.target_forwards == 1 + r.stats.verify_steps == len(r.token_ids) == 8
+        assert r.stats.time_total > 0
+        assert r.stats.time_verify <= r.stats.time_total
+    assert engine.counters.steps == 2 * 7

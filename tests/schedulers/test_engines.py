@@ -118,6 +118,8 @@ def test_every_engine_matches_serial_greedy_ar(target, reference, name: str) -> 
     assert [r.token_ids for r in results] == reference
     if method == "sd":
         assert sum(r.stats.accepted for r in results) > 0  # drafts were really verified
+    for r in results:  # one count of tokens per step everywhere: the prefill's token, then accepted + 1 per step
+        assert r.stats.accepted + r.stats.verify_steps + 1 == r.stats.new_tokens == len(r.token_ids)
     if name.startswith("continuous"):
         return  # requests of one engine: no per-level timeline
     phases = {i.phase for i in timeline.intervals}

@@ -274,8 +274,10 @@ def test_eos_mid_block_ends_generation_right_after_it(target, ar_reference, meth
     assert out.token_ids == ref[: i + 1]
     assert out.finish_reason == "eos"
     assert out.stats.new_tokens == i + 1
-    if method == "sd":  # the last step verified tokens past the EOS, and they were dropped
-        assert out.stats.accepted + out.stats.verify_steps > i
+    # the last step verified tokens past the EOS; they were dropped and the statistics count what was emitted
+    assert out.stats.accepted + out.stats.verify_steps + 1 == out.stats.new_tokens == i + 1
+    if method == "sd":
+        assert out.stats.proposed > out.stats.accepted
     assert_caches_empty(decoder)
 
 
@@ -307,8 +309,9 @@ def test_stop_string_ends_generation_at_the_token_completing_it(target, ar_refer
     )[0]
     assert out.token_ids == ref[: i + 1]
     assert out.finish_reason == "stop"
-    if method == "sd":  # the last step verified tokens past the stop string, and they were dropped
-        assert out.stats.accepted + out.stats.verify_steps > i
+    # the last step verified tokens past the stop string; they were dropped and are not counted as accepted
+    assert out.stats.accepted + out.stats.verify_steps + 1 == out.stats.new_tokens == i + 1
+    assert out.stats.reached_by_position == out.stats.accepted_by_position or method == "ar"
 
 
 @pytest.mark.parametrize("max_new", [1, 7, 9])

@@ -33,10 +33,9 @@ class ComponentStats:
 
     @property
     def tokens_per_step(self) -> float:
-        """Mean tokens per target step of a stream (its prefill counts as one), the bonus token
-        included: exactly 1.0 for AR."""
-        steps = self.verify_steps + self.streams
-        return self.new_tokens / steps if steps else 0.0
+        """Mean tokens per verification step of a stream, the bonus token included (``DecodeStats``'
+        ``mean_acceptance_length``: the prefill's first token is not a step): exactly 1.0 for AR."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:

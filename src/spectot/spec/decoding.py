@@ -84,6 +84,7 @@ class _Stream:
     to_fill: int = 0  # prompt tokens still to run when prefilled in chunks (``begin``); its own prompt KV then
     chunked: bool = False
     fan: int = 0  # the adaptive length's draft this step: candidates for its first token (0: not one of those)
+    joined: tuple[int, int, float, float, float] = (0, 0, 0.0, 0.0, 0.0)  # the session's counters when it was added
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -233,10 +234,14 @@ class DecodeSession:
         if seeds is None:  # independent per-stream seeds drawn from the call's seed
             seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
         first, self._next_key = self._next_key, self._next_key + len(prompts)
+        b = self.batch
+        joined = (b.target_forwards, b.draft_forwards, b.time_draft, b.time_verify, time.perf_counter())
         new = [
             _Stream(first + i, None, list(p), seed, torch.Generator().manual_seed(seed), config, CoupledNoise(seed))
             for i, (p, seed) in enumerate(zip(prompts, seeds))
         ]
+        for s in new:
+            s.joined = joined
         self.streams += new
         return new
 
@@ -449,7 +454,6 @@ class DecodeSession:
         accepted: dict[int, list[int]] = {}
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, s)
-            s.stats.record_step(d.tokens.numel(), len(path) - 1, st.tree.depth)
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
             if length is not None:
                 self._observe_length(s, d, path)
@@ -464,6 +468,9 @@ class DecodeSession:
                 s.stats.record_calibration([conf[i - 1] for i in tested], [i in on_path for i in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
             kept = self._emit(s, new, _logprobs(logits, new, path))
+            # a stop inside the accepted path ends the stream there: the step counts as a draft cut at the stop
+            # (its last kept token plays the bonus token), so accepted + steps is what the stream emitted
+            s.stats.record_step(d.tokens.numel(), kept - 1, st.tree.depth if kept == len(new) else kept - 1)
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
             if out.hidden is not None:
@@ -561,10 +568,16 @@ class DecodeSession:
         return len(new)
 
     def result(self, s: _Stream) -> StreamResult:
+        """The stream's output; its forwards and times are the session's while the stream was in it (a batched
+        call's streams: the whole batch's; a stream that joined a running session: from then until now or the
+        session's close)."""
         stats, batch = s.stats, self.batch
-        stats.target_forwards = batch.target_forwards
-        stats.draft_forwards = batch.draft_forwards
-        stats.time_draft, stats.time_verify, stats.time_total = batch.time_draft, batch.time_verify, batch.time_total
+        forwards, draft_forwards, time_draft, time_verify, joined_at = s.joined
+        stats.target_forwards = batch.target_forwards - forwards
+        stats.draft_forwards = batch.draft_forwards - draft_forwards
+        stats.time_draft, stats.time_verify = batch.time_draft - time_draft, batch.time_verify - time_verify
+        end = self._t0 + batch.time_total if batch.time_total else time.perf_counter()
+        stats.time_total = max(end - joined_at, 0.0)
         return StreamResult(s.prompt, s.generated, s.finish or "length", stats, s.logprobs)
 
 

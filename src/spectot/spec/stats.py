@@ -1,7 +1,9 @@
 """Decoding statistics, with every metric defined once.
 
 - ``mean_acceptance_length``: tokens emitted per target verification step of a stream, **including**
-  the recovered/bonus token (plain AR: 1.0). A step whose proposer found nothing counts as 1.
+  the recovered/bonus token (plain AR: 1.0). A step whose proposer found nothing counts as 1. A stop (EOS,
+  stop string) inside an accepted draft cuts the step there: draft tokens verified past it are not counted
+  as accepted, so a stream's new tokens = 1 (the prefill's) + accepted + verification steps.
 - ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
 - ``acceptance_by_position[i]``: P(draft token i+1 accepted | it was proposed and tokens 1..i were).
 - ``accepted_rank[r]``: verification visits of a tree node with children where the child of draft
@@ -11,7 +13,8 @@
   probability of the token; ``calibration_error`` is the expected calibration error (ECE) over
   ``CALIBRATION_BINS`` equal-width bins.
 - Wall time is split into ``draft`` (proposer), ``verify`` (target forwards + verification) and
-  ``other`` (prefill, bookkeeping). In a batched call, forwards and times belong to the batch.
+  ``other`` (prefill, bookkeeping). In a batched call, forwards and times belong to the batch; a stream that
+  joins a running session (the continuous engine) gets those of the session while it was in it.
 """
 
 from __future__ import annotations
