@@ -165,6 +165,13 @@ def test_power_towers_are_refused_before_any_computation() -> None:
     assert verdicts == "[False, False, False]", child.stderr
 
 
+def test_values_past_the_float_range_are_compared() -> None:
+    """3^{700} ~ 1e334: the numeric check turned both sides into Python floats (inf) and called them unequal."""
+    assert is_equiv("3^{700}", "9^{350}")
+    assert is_equiv("3^{700}x", "9^{350}x")
+    assert not is_equiv("3^{700}", "9^{350}+1")
+
+
 def test_unparseable_and_missing_predictions_are_wrong() -> None:
     assert not is_equiv(None, "1")
     assert not is_equiv("", "1")

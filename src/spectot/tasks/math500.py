@@ -291,15 +291,16 @@ def _close_everywhere(x: Any, y: Any) -> bool:
     """x == y numerically (relative 1e-6), at three fixed points when they have free symbols.
 
     A cheap necessary condition: most wrong answers fail it, so ``simplify`` runs only on the
-    likely equal pairs. latex_to_sympy refused huge powers, so evalf finishes.
+    likely equal pairs. latex_to_sympy refused huge powers, so evalf finishes. The values stay
+    sympy (mpmath) floats, whose exponents have no bound: 2^{1100} is compared, not an overflow.
     """
     import sympy
 
     symbols = sorted(x.free_symbols | y.free_symbols, key=str)
     points = [{s: sympy.Rational(3 + 2 * i + j, 7 + i) for j, s in enumerate(symbols)} for i in range(3)]
     for point in points[: 3 if symbols else 1]:
-        u, v = complex(x.evalf(subs=point)), complex(y.evalf(subs=point))
-        if not all(map(math.isfinite, (u.real, u.imag, v.real, v.imag))):
+        u, v = x.evalf(30, subs=point), y.evalf(30, subs=point)
+        if not (u.is_number and v.is_number and u.is_finite and v.is_finite):
             return False
         if abs(u - v) > max(1e-9, 1e-6 * max(abs(u), abs(v))):
             return False
