@@ -389,7 +389,10 @@ def test_context_and_unsupported_errors_have_codes(client) -> None:
 def test_malformed_json_and_unknown_routes(client) -> None:
     response = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 400
-    assert response.json()["error"]["type"] == "invalid_request_error"
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] is None  # was "1", the character offset
+    assert error["message"].startswith("the body is not valid JSON (character 1): ")
     response = client.post("/v1/edits", json={})
     assert response.status_code == 404
     assert response.json()["error"]["message"] == "Not Found"

@@ -89,6 +89,11 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     """
     parts, params = [], []
     for error in exc.errors():
+        if error.get("type") == "json_invalid":  # its loc is ("body", character offset): no parameter to name
+            at, why = error.get("loc", ("body", "?"))[-1], error.get("ctx", {}).get("error", "JSON decode error")
+            parts.append(f"the body is not valid JSON (character {at}): {why}")
+            params.append(None)
+            continue
         loc = [str(x) for x in error.get("loc", ()) if x != "body"]
         params.append(loc[0] if loc else None)
         parts.append(f"{'.'.join(loc)}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid")))
