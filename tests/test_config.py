@@ -106,6 +106,9 @@ def test_solve_does_not_empty_an_earlier_runs_results(tmp_path: Path) -> None:
         ("tot-bfs", "ngram", {"engine": "seed"}, {"queries_in_flight": 4}, {}, "needs a continuous engine"),
         ("rebase", "ngram", {"generations": ""}, {}, {"method": "sd"}, None),
         ("rebase", "none", {}, {}, {"method": "sd"}, "--method sd decodes with a draft"),
+        ("rebase", "ngram", {}, {"ets_embedder": "x/y"}, {"method": "sd"}, "use them with --search ets"),
+        ("tot-bfs", "ngram", {}, {"cluster_threshold": 0.1}, {}, "use them with --search ets"),
+        ("ets", "ngram", {}, {"ets_embedder": "x/y", "cluster_threshold": 0.1}, {"method": "sd"}, None),
     ],
 )
 def test_solve_flag_combinations(search, draft, solve, tree, backend, message, tmp_path: Path) -> None:

@@ -91,3 +91,18 @@ def test_problems_in_flight_build_the_trees_each_gets_alone(tiny_checkpoint) -> 
         assert runs["continuous-ar"].stats[c].new_tokens == runs["ar"].stats[c].new_tokens
     with pytest.raises(ValueError, match="continuous engine"):
         run_solve(model, DraftOptions(draft="none"), search, SolveOptions(engine="batched-ar"), pipe=pipe, in_flight=2)
+
+
+def test_ets_clusters_steps_with_the_embedder_it_is_given() -> None:
+    """The embedder reaches ETS's width rule (it was the trigram stand-in whatever was asked)."""
+    import numpy as np
+
+    seen: list[list[str]] = []
+
+    def embed(texts):
+        seen.append(list(texts))
+        return np.eye(len(texts))
+
+    search, tree = SearchOptions(search="ets", depth=2), TreeSearchOptions(budget=3, cluster_threshold=0.1)
+    run_tree_solve(search, tree, SolveOptions(task="gsm8k", limit=1), RecordingBackend(), embed=embed)
+    assert seen and all(t == "The answer is 3." for texts in seen for t in texts)

@@ -712,6 +712,20 @@ class TreeSearchOptions:
     rest_children: int = field(default=2, **opt("REST-MCTS: children each step expands (the best is kept)"))
     lambda_kv: float = field(default=1.0, **opt("ETS: weight of the KV cost of retained nodes"))
     lambda_cov: float = field(default=1.4, **opt("ETS: weight of semantic coverage"))
+    ets_embedder: str = field(
+        default="",
+        **opt(
+            "ETS: a sentence-embedding model (alias, folder or hub id; mean-pooled last layer) whose cosine "
+            "distances cluster the steps, as the paper; empty: TF-IDF of character trigrams"
+        ),
+    )
+    cluster_threshold: float | None = field(
+        default=None,
+        **opt(
+            "ETS: cosine distance under which steps share a cluster (default 0.05 with --ets-embedder, the "
+            "paper's; 0.6 for trigrams)"
+        ),
+    )
     reward: Literal["self_eval", "logprob"] = field(
         default="self_eval", **opt("reward of a new state: the task's self-evaluation prompt, or exp(mean logprob)")
     )
@@ -774,6 +788,19 @@ class TreeSearchOptions:
             raise ValueError("--k-total, --lookahead and --fill-rows must be >= 0, --balance-temperature > 0")
         if self.lambda_kv < 0 or self.lambda_cov < 0 or self.alpha < 0:
             raise ValueError("--lambda-kv, --lambda-cov and --alpha must be >= 0")
+        if self.cluster_threshold is not None and not (
+            math.isfinite(self.cluster_threshold) and self.cluster_threshold >= 0
+        ):
+            raise ValueError(
+                f"--cluster-threshold is a cosine distance: a finite number >= 0, got {self.cluster_threshold}"
+            )
+
+    @property
+    def threshold(self) -> float:
+        """ETS's cluster cut for the representation in use."""
+        if self.cluster_threshold is not None:
+            return self.cluster_threshold
+        return 0.05 if self.ets_embedder else 0.6
 
 
 @dataclass(frozen=True)
@@ -921,6 +948,8 @@ def check_solve(
 ) -> None:
     """The combinations of `spectot solve` flags that no one options class sees, refused before a model loads
     (each would otherwise be ignored in silence or fail after minutes)."""
+    if search.search != "ets" and (tree.ets_embedder or tree.cluster_threshold is not None):
+        raise ValueError("--ets-embedder and --cluster-threshold cluster ETS's steps: use them with --search ets")
     if search.search == "tot-bfs":
         if backend.backend != "local" or backend.base_url:
             raise ValueError(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from spectot.config import BackendOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 from spectot.explore.queries import ExploreConfig, run_queries
+from spectot.search.ets import Embed
 from spectot.search.expansion import NEXT, PRIMARY, ExpansionSampling
 from spectot.search.tree_search import TreeSearchConfig
 from spectot.tasks.base import Problem
@@ -65,7 +66,7 @@ class TreeSolveRun:
         }
 
 
-def tree_config(search: SearchOptions, tree: TreeSearchOptions) -> TreeSearchConfig:
+def tree_config(search: SearchOptions, tree: TreeSearchOptions, embed: Embed | None = None) -> TreeSearchConfig:
     return TreeSearchConfig(
         search.search,
         tree.budget,
@@ -75,8 +76,20 @@ def tree_config(search: SearchOptions, tree: TreeSearchOptions) -> TreeSearchCon
         rest_children=tree.rest_children,
         lambda_kv=tree.lambda_kv,
         lambda_cov=tree.lambda_cov,
+        cluster_threshold=tree.threshold,
+        embed=embed,
         dfs_speculation=tree.dfs_speculation,
     )
+
+
+def make_embedder(search: SearchOptions, tree: TreeSearchOptions, device: str = "cpu") -> Embed | None:
+    """ETS's sentence embedder (``--ets-embedder``), loaded; None for the trigram stand-in or another search."""
+    if search.search != "ets" or not tree.ets_embedder:
+        return None
+    from spectot.models.embedder import load_embedder
+    from spectot.models.loader import resolve_device
+
+    return load_embedder(tree.ets_embedder, resolve_device(device))
 
 
 def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
@@ -136,10 +149,12 @@ def run_tree_solve(
     report: Callable[[int, int, dict], None] | None = None,
     close: bool = True,
     problems: list[Problem] | None = None,
+    embed: Embed | None = None,
 ) -> TreeSolveRun:
     """Solve ``options.limit`` problems with ``tree.queries_in_flight`` at once; ``report(done, total,
     record)`` after each; ``close``: close the backend at the end (in the loop that used it). ``problems``:
-    the ones ``options`` names, loaded already (the CLI reads them before the model loads)."""
+    the ones ``options`` names, loaded already (the CLI reads them before the model loads); ``embed``: ETS's
+    embedder, loaded already (else ``make_embedder`` loads it)."""
     if options.generations:
         raise ValueError(f"--generations records --search tot-bfs runs; --search {search.search} does not write it")
     task = make_task(options.task, search.depth, options.prompt_pool)
@@ -150,13 +165,14 @@ def run_tree_solve(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("")
     run = TreeSolveRun()
+    embed = embed or make_embedder(search, tree)
 
     async def main() -> None:
         records = run_queries(
             task,
             problems,
             backend,
-            tree_config(search, tree),
+            tree_config(search, tree, embed),
             explore_config(tree),
             tree.queries_in_flight,
             tree.reward,

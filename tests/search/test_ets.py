@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from spectot.search.ets import ets_retain, ets_select, semantic_clusters
@@ -93,3 +94,65 @@ def test_clusters_are_deterministic_and_handle_empty_texts() -> None:
     assert first == semantic_clusters(list(texts), threshold=0.2)
     assert first[0] == first[2] and first[0] != first[1]
     assert semantic_clusters([], 0.1) == [] and semantic_clusters(["one"], 0.1) == [0]
+
+
+def test_clusters_follow_the_embedder_given() -> None:
+    """With an embedder the cut is on its cosine distances, not the trigrams': two texts that share no trigram
+    but embed alike merge, and two near-identical texts that embed apart do not."""
+    vectors = {"two plus three": [1.0, 0.0], "five": [0.99, 0.141], "x = 4": [0.0, 1.0], "x = 5": [0.6, 0.8]}
+
+    def embed(texts):
+        rows = np.array([vectors[t] for t in texts])
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    texts = list(vectors)
+    assert semantic_clusters(texts, threshold=0.05, embed=embed) == [0, 0, 1, 2]
+    assert semantic_clusters(texts, threshold=0.6) != [0, 0, 1, 2]  # the trigram stand-in sees other clusters
+    with pytest.raises(ValueError, match="gave 1 vectors for 4 texts"):
+        semantic_clusters(texts, threshold=0.05, embed=lambda t: np.ones((1, 2)))
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> str:
+    """A random tiny BERT with the tests' word-level tokenizer, saved as a checkpoint folder."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from conftest import build_tiny_tokenizer
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    BertModel(config).save_pretrained(path)
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.pad_token = "<unk>"
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_an_encoder_checkpoint_embeds_texts_as_unit_vectors_whatever_the_batch(tiny_encoder) -> None:
+    from spectot.models.embedder import load_embedder
+
+    embed = load_embedder(tiny_encoder, batch_size=4)
+    texts = ["w1 w2 w3", "w1 w2 w3", "w40 w41", "w7 w8 w9 w10 w11 w12 w13", "w5"]
+    vectors = embed(texts)
+    assert vectors.shape == (5, 32)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    alone = np.vstack([embed([t]) for t in texts])  # no padding: each text its own batch
+    assert np.allclose(vectors, alone, atol=1e-5)  # padded rows are masked out of the mean
+    assert np.allclose(vectors[0], vectors[1])
+    assert semantic_clusters(texts, 1e-6, embed)[:2] == [0, 0]
+    assert len(set(semantic_clusters(texts, 1e-6, embed))) == 4
+
+
+def test_a_decoder_checkpoint_embeds_too_and_bad_names_are_refused(tiny_checkpoint, tmp_path) -> None:
+    from spectot.models.embedder import load_embedder
+    from spectot.models.loader import ModelLoadError
+
+    vectors = load_embedder(str(tiny_checkpoint))(["w1 w2", "w3"])
+    assert vectors.shape[0] == 2 and np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    with pytest.raises(ModelLoadError, match="no such folder"):
+        load_embedder("not-a-model")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="cannot load an embedder"):
+        load_embedder(str(tmp_path))

@@ -223,12 +223,13 @@ def _tree_solve(args: argparse.Namespace) -> int:
     from spectot.bench.progress import progress_bar
     from spectot.cli.tables import tree_solve_table
     from spectot.tasks.registry import load_problems
-    from spectot.tree_solve import make_backend, run_tree_solve
+    from spectot.tree_solve import make_backend, make_embedder, run_tree_solve
 
     model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
     search, options = from_flags(args, SearchOptions), from_flags(args, SolveOptions)
     tree, backend_options = from_flags(args, TreeSearchOptions), from_flags(args, BackendOptions)
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)  # before the model
+    embed = make_embedder(search, tree, model.device)
     backend = make_backend(model, draft, backend_options, tree=tree)
     with progress_bar() as bar:
         task = bar.add_task(f"{options.task} / {search.search} / explore {tree.explore}", total=None)
@@ -240,7 +241,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
                 f"{record['expansions']} expansions, answer {record['answer'][:40]!r}"
             )
 
-        run = run_tree_solve(search, tree, options, backend, report, problems=problems)
+        run = run_tree_solve(search, tree, options, backend, report, problems=problems, embed=embed)
     title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
     Console().print(tree_solve_table(run.summary(), title))
     return 0

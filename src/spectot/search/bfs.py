@@ -43,7 +43,8 @@ def width_rule(config: TreeSearchConfig):
         if len(nodes) < 2:
             return rebase(nodes, budget)
         ancestors = [[n.state[:i] for i in range(len(n.state))] for n in nodes]  # proper prefixes: shared KV
-        clusters = semantic_clusters([n.state[-1] if n.state else "" for n in nodes], config.cluster_threshold)
+        texts = [n.state[-1] if n.state else "" for n in nodes]
+        clusters = semantic_clusters(texts, config.cluster_threshold, config.embed)
         rewards = [n.reward for n in nodes]
         return ets_select(rewards, ancestors, clusters, budget, config.temperature, config.lambda_kv, config.lambda_cov)
 

@@ -31,7 +31,7 @@ So a1 and a2 are kept and the widths are [4, 4, 0, 0] (REBASE: [2, 2, 2, 2]).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -178,18 +178,24 @@ def char_ngram_tfidf(texts: Sequence[str], n: int = 3) -> np.ndarray:
     return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
 
 
-def semantic_clusters(texts: Sequence[str], threshold: float) -> list[int]:
-    """Cluster id per text (0, 1, ... in first-seen order): average linkage on TF-IDF cosine distance, cut at threshold.
+Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> (T, H) unit vectors
 
-    Stands in for the paper's sentence embeddings (the authors cut at cosine distance 0.05 on their math-BERT
-    embeddings); TF-IDF distances run larger, so pick the threshold for this representation. Identical texts
-    always merge; a text with no words is at distance 1 from every other text and 0 from other empty ones.
+
+def semantic_clusters(texts: Sequence[str], threshold: float, embed: Embed | None = None) -> list[int]:
+    """Cluster id per text (0, 1, ... in first-seen order): average linkage on cosine distance, cut at threshold.
+
+    ``embed``: the paper's sentence embeddings (``models/embedder.py``; the authors cut at cosine distance 0.05
+    on their math-BERT embeddings); None: TF-IDF of character trigrams, whose distances run larger (cut at ~0.6).
+    Identical texts always merge; a text with no words (a zero vector) is at distance 1 from every other text
+    and 0 from other empty ones.
     """
     if threshold < 0:
         raise ValueError(f"threshold is a cosine distance cut and must be >= 0, got {threshold}")
     if len(texts) <= 1:
         return [0] * len(texts)
-    vectors = char_ngram_tfidf(texts)  # (T, V)
+    vectors = (embed or char_ngram_tfidf)(texts)  # (T, V), unit rows
+    if vectors.shape[0] != len(texts):
+        raise ValueError(f"the embedder gave {vectors.shape[0]} vectors for {len(texts)} texts")
     similarity = vectors @ vectors.T  # (T, T) cosine similarity of unit vectors
     empty = ~vectors.any(axis=1)
     similarity[np.ix_(empty, empty)] = 1.0  # empty texts are identical to each other

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from spectot.backends.base import LivePriority
+from spectot.search.ets import Embed
 from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
 from spectot.search.rebase import AnswerGroup, weighted_vote
 from spectot.tasks.base import Problem, Task
@@ -36,6 +37,7 @@ class TreeSearchConfig:
     lambda_kv: float = 1.0  # ETS: weight of the KV cost (retained nodes)
     lambda_cov: float = 1.4  # ETS: weight of semantic coverage
     cluster_threshold: float = 0.6  # ETS: cosine distance at which step texts fall in one cluster
+    embed: Embed | None = field(default=None, compare=False, repr=False)  # ETS: texts -> unit vectors (None: trigrams)
     dfs_speculation: DfsSpeculation = "exact"  # MCTS with SPEX: pre-run predicted rollouts, or fold extra ones in
 
     def __post_init__(self) -> None:
@@ -47,6 +49,8 @@ class TreeSearchConfig:
             raise ValueError(f"max_depth must be >= 0 (0 = the task's depth), got {self.max_depth}")
         if self.max_children < 1 or self.rest_children < 1:
             raise ValueError("max_children and rest_children must be >= 1")
+        if self.cluster_threshold < 0:
+            raise ValueError(f"cluster_threshold is a cosine distance and must be >= 0, got {self.cluster_threshold}")
         if self.dfs_speculation not in ("exact", "fold"):
             raise ValueError(f"dfs_speculation must be 'exact' or 'fold', got {self.dfs_speculation!r}")
 
