@@ -53,7 +53,7 @@ async def search_one(task, problem, backend, config, variant: str, k_total: int,
         await source.close()
     seconds = time.perf_counter() - t
     counters = source.counters.to_dict() if isinstance(source, Explorer) else {}
-    keys = [[list(c.key.parent), c.key.index] for c in result.expansions]
+    keys = [[list(c.key.parent), c.key.index, list(c.key.at)] for c in result.expansions]
     return {"seconds": seconds, "answer": result.answer, "keys": keys, "spec": counters}
 
 
@@ -108,7 +108,7 @@ def main() -> None:
                 try:
                     for p in todo:
                         tree = (
-                            [ChildKey(tuple(parent), i) for parent, i in done[(p.id, "plain")]["keys"]]
+                            [ChildKey(tuple(parent), i, tuple(at)) for parent, i, at in done[(p.id, "plain")]["keys"]]
                             if (variant in oracles)
                             else []
                         )

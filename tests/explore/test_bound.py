@@ -59,8 +59,8 @@ def test_bad_input_is_refused():
 def test_a_search_result_exports_the_tree_it_replays():
     a = Child(ChildKey((), 0), ("a",), "a", 0.5, False, "", 3, 3.0)
     b = Child(ChildKey((), 1), ("b",), "b", 0.5, False, "", 1, 1.0)
-    bc = Child(ChildKey(("b",), 0), ("b", "c"), "c", 0.5, True, "1", 2, 2.0)
-    ad = Child(ChildKey(("a",), 0), ("a", "d"), "d", 0.5, True, "1", 1, 1.0)
+    bc = Child(ChildKey(("b",), 0, (1,)), ("b", "c"), "c", 0.5, True, "1", 2, 2.0)
+    ad = Child(ChildKey(("a",), 0, (0,)), ("a", "d"), "d", 0.5, True, "1", 1, 1.0)
     tree = expansion_tree([bc, a, ad, b])  # consumption order need not be parents first
     assert tree == [(-1, 3, 3.0), (-1, 1, 1.0), (1, 2, 2.0), (0, 1, 1.0)]  # the example, parents first
     replayed = replay_seconds([[(p, t) for p, t, _ in tree]], FREE, k_total=4, lookahead=2)

@@ -96,11 +96,12 @@ class ScriptedBackend:
 PROBLEM = Problem("p0", "toy", "1")
 
 
-def run(search, source_of, config, stop=None, seed=0):
+def run(search, source_of, config, stop=None, seed=0, run_seed=7):
+    """``seed``: the backend's latencies; ``run_seed``: the expansions' sampling seeds (the toy tree)."""
     backend = ScriptedBackend(seed)
 
     async def main():
-        expander = Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=7)
+        expander = Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=run_seed)
         source = source_of(expander)
         try:
             return await search(ToyTask(), PROBLEM, source, config, stop), source, backend
@@ -227,9 +228,12 @@ def test_the_oracle_speculates_plains_tree_and_nothing_else(lookahead) -> None:
         c = oracle.counters
         assert c.speculated > 0 and c.hits == c.speculated and c.cancelled == c.wasted_tokens == 0
         assert c.budget_peak <= 8 and budget.in_flight.get(0, 0) == 0
-    guess = SharedBudget(k_total=8)
-    _, spex, _ = run(reward_balanced_search, lambda e: Explorer(e, guess, lookahead=2), config, seed=3)
-    assert spex.counters.hits < spex.counters.speculated
+    hits = speculated = 0
+    for seed in range(4):
+        guess = SharedBudget(k_total=8)
+        _, spex, _ = run(reward_balanced_search, lambda e, g=guess: Explorer(e, g, lookahead=2), config, seed=seed)
+        hits, speculated = hits + spex.counters.hits, speculated + spex.counters.speculated
+    assert hits < speculated
 
 
 def _primary(plain, backend):
@@ -389,8 +393,10 @@ def test_fold_holds_a_unit_for_each_expansion_a_rollout_runs_at_once() -> None:
 def test_a_promoted_fold_rollout_raises_its_running_step_to_primary() -> None:
     config = TreeSearchConfig("rstar", budget=12, max_children=3, dfs_speculation="fold")
     promoted = []
-    for seed in range(4):
-        _, _, backend = run(mcts_search, lambda e: Explorer(e, SharedBudget(k_total=3)), config, seed=seed)
+    for seed in range(8):  # toy trees: a selection reaches a running speculative rollout in some
+        _, _, backend = run(
+            mcts_search, lambda e: Explorer(e, SharedBudget(k_total=3)), config, seed=seed, run_seed=seed
+        )
         speculative = [r for r in backend.log if r.priority == SPECULATIVE]
         assert all(r.live_priority is not None for r in speculative)  # every step of a speculative rollout
         promoted += [r for r in speculative if r.live_priority.value == PRIMARY]
@@ -475,9 +481,18 @@ def test_a_task_of_plain_text_prompts_asks_for_completions_not_chats() -> None:
 
 def test_early_stop_ends_the_search_once_the_vote_is_settled() -> None:
     config = TreeSearchConfig("rstar", budget=30, max_children=3)
-    full, _, _ = run(mcts_search, PlainSource, config)
-    short, _, _ = run(mcts_search, PlainSource, config, stop=lambda groups, n: settled(groups, n, 3, 0.5))
-    assert short.stopped_early and len(short.leaves) < len(full.leaves)
+    stopped = 0
+    for run_seed in range(6):  # toy trees: some settle early, some never do
+        full, _, _ = run(mcts_search, PlainSource, config, run_seed=run_seed)
+        stop = lambda groups, n: settled(groups, n, 3, 0.5)  # noqa: E731
+        short, _, _ = run(mcts_search, PlainSource, config, stop=stop, run_seed=run_seed)
+        assert not full.stopped_early
+        if short.stopped_early:
+            stopped += 1
+            assert len(short.leaves) < len(full.leaves)
+        states = [c.state for c in short.leaves]
+        assert states == [c.state for c in full.leaves[: len(states)]]  # the same search, cut short
+    assert stopped
 
 
 def test_queries_share_the_budget_and_every_query_finishes() -> None:
@@ -510,3 +525,41 @@ def test_expansions_sample_as_configured(sampling, thought, evaluation) -> None:
     asyncio.run(main())
     asked = {(r.prompt.split("|")[0], r.temperature, r.top_p) for r in backend.log}
     assert asked == {("think", *thought), ("value", *evaluation)}
+
+
+class TwoStepBackend(ScriptedBackend):
+    """Every thought is one of two words (as Blocksworld's few legal actions): nodes whose steps read alike."""
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        out = await super().complete(request)
+        if request.prompt.startswith("think"):
+            return replace(out, text=f"w{_digest(request.prompt, request.seed) % 2}")
+        return out
+
+
+@pytest.mark.parametrize("algorithm", ["rebase", "rstar", "rest-mcts"])
+def test_nodes_whose_steps_read_alike_sample_their_own_children(algorithm: str) -> None:
+    """Children were keyed by their parent's text: two nodes reading "w1" drew the same children (32 thought
+    requests, 14 distinct for REBASE), and SPEX's cache ran each duplicate once where plain ran it twice."""
+    config = TreeSearchConfig(algorithm, budget=8, max_children=3, rest_children=2)
+    requests = {}
+    for explore in (False, True):
+        backend = TwoStepBackend(0)
+
+        async def main(backend=backend, explore=explore):
+            expander = Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=7)
+            source = Explorer(expander, SharedBudget(k_total=8), lookahead=2) if explore else PlainSource(expander)
+            search = reward_balanced_search if algorithm == "rebase" else mcts_search
+            try:
+                return await search(ToyTask(), PROBLEM, source, config, None)
+            finally:
+                await source.close()
+
+        result = asyncio.run(main())
+        if not explore:  # (SPEX may run a request again after cancelling it)
+            thoughts = [(r.prompt, r.seed) for r in backend.log if r.prompt.startswith("think")]
+            assert len(set(thoughts)) == len(thoughts)  # no two expansions share a prompt and a seed
+        states = [c.state for c in result.expansions]
+        assert len(set(states)) < len(states)  # steps read alike: the tree holds equal states
+        requests[explore] = [c.key for c in result.expansions]
+    assert requests[True] == requests[False]  # speculation changed nothing

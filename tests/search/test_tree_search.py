@@ -8,32 +8,34 @@ from spectot.search.expansion import Child
 from spectot.search.tree_search import critical_path_seconds, level_barrier_seconds
 
 
-def _node(parent: tuple, index: int, seconds: float) -> Child:
-    return replace(Child.make_dummy(parent, index), seconds=seconds)
+def _node(parent: Child | None, index: int, seconds: float) -> Child:
+    if parent is None:
+        return replace(Child.make_dummy((), index), seconds=seconds)
+    return replace(Child.make_dummy(parent.state, index, at=parent.node), seconds=seconds)
 
 
 def test_docstring_example_barrier_5_critical_path_4():
-    a, b = _node((), 0, 3.0), _node((), 1, 1.0)
-    a1, b1 = _node(a.state, 0, 1.0), _node(b.state, 0, 2.0)
+    a, b = _node(None, 0, 3.0), _node(None, 1, 1.0)
+    a1, b1 = _node(a, 0, 1.0), _node(b, 0, 2.0)
     tree = [b1, a, a1, b]  # any order: children may be listed before their parents
     assert level_barrier_seconds(tree) == 5.0  # max(3, 1) + max(1, 2)
     assert critical_path_seconds(tree) == 4.0  # max(3 + 1, 1 + 2)
 
 
 def test_a_chain_has_no_slack_and_one_level_is_its_slowest_node():
-    chain = [_node((), 0, 2.0)]
+    chain = [_node(None, 0, 2.0)]
     for seconds in (1.5, 0.5):
-        chain.append(_node(chain[-1].state, 0, seconds))
+        chain.append(_node(chain[-1], 0, seconds))
     assert level_barrier_seconds(chain) == critical_path_seconds(chain) == pytest.approx(4.0)
-    level = [_node((), i, s) for i, s in enumerate([0.5, 2.5, 1.0])]
+    level = [_node(None, i, s) for i, s in enumerate([0.5, 2.5, 1.0])]
     assert level_barrier_seconds(level) == critical_path_seconds(level) == 2.5
     assert level_barrier_seconds([]) == critical_path_seconds([]) == 0.0
 
 
 def test_the_critical_path_follows_the_slow_branch_not_the_slowest_level_member():
     # depth 0: a 1 s, b 4 s; depth 1: a's child 4 s, b's child 1 s -> barrier 8 s, path max(5, 5) = 5 s
-    a, b = _node((), 0, 1.0), _node((), 1, 4.0)
-    tree = [a, b, _node(a.state, 0, 4.0), _node(b.state, 0, 1.0)]
+    a, b = _node(None, 0, 1.0), _node(None, 1, 4.0)
+    tree = [a, b, _node(a, 0, 4.0), _node(b, 0, 1.0)]
     assert level_barrier_seconds(tree) == 8.0
     assert critical_path_seconds(tree) == 5.0
 

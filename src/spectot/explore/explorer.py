@@ -39,8 +39,7 @@ from typing import Any
 
 from spectot.backends.base import LivePriority
 from spectot.explore.budget import allocate
-from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander
-from spectot.tasks.base import State
+from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander, Node
 
 WidthRule = Callable[[Sequence[Child], int], list[int]]  # (finished siblings, budget) -> children of each
 
@@ -287,17 +286,17 @@ class Explorer:
         open_budget = max(budget - sum(c.final for c in siblings), 0)
         widths = expected_widths(rule, candidates, pending, open_budget)
         if self.retract:
-            self._retract({c.state: w for c, w in zip(candidates, widths)})
-        keys = [ChildKey(c.state, i) for c, w in zip(candidates, widths) for i in range(w)]
+            self._retract({c.node: w for c, w in zip(candidates, widths)})
+        keys = [ChildKey(c.state, i, c.node) for c, w in zip(candidates, widths) for i in range(w)]
         keys = [k for k in keys if k not in self._jobs]
         for key in keys[: self.spare(len(keys), depth=len(candidates[0].state))]:
             task = self._launch(key)
             task.add_done_callback(lambda t, b=open_budget, d=depth_left: self._after_speculative(t, rule, b, d))
 
-    def _retract(self, widths: dict[State, int]) -> None:
-        """Cancel the running speculative children of these parents beyond their latest predicted width (a
-        finished one stays: a later prediction may want it back)."""
-        self.retain(lambda key: key.parent not in widths or key.index < widths[key.parent], running_only=True)
+    def _retract(self, widths: dict[Node, int]) -> None:
+        """Cancel the running speculative children of these parents (by place) beyond their latest predicted
+        width (a finished one stays: a later prediction may want it back)."""
+        self.retain(lambda key: key.at not in widths or key.index < widths[key.at], running_only=True)
 
     def _after_speculative(self, task: asyncio.Task, rule: WidthRule, budget: int, depth_left: int) -> None:
         if task.cancelled() or task.exception() is not None:

@@ -17,8 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from spectot.explore.explorer import Explorer, SharedBudget, WidthRule
-from spectot.search.expansion import Child, ChildKey, Expander
-from spectot.tasks.base import State
+from spectot.search.expansion import Child, ChildKey, Expander, Node
 
 
 class OracleExplorer(Explorer):
@@ -26,9 +25,9 @@ class OracleExplorer(Explorer):
         self, expander: Expander, budget: SharedBudget, tree: Iterable[ChildKey], query: int = 0, lookahead: int = 1
     ) -> None:
         super().__init__(expander, budget, query, lookahead)
-        self.children: dict[State, list[ChildKey]] = defaultdict(list)  # plain's children of each state, in rank order
+        self.children: dict[Node, list[ChildKey]] = defaultdict(list)  # plain's children of each node, in rank order
         for key in sorted(tree, key=lambda k: k.index):
-            self.children[key.parent].append(key)
+            self.children[key.at].append(key)
 
     def _speculate_children(
         self, siblings: Sequence[Child], pending: int, rule: WidthRule, budget: int, depth_left: int
@@ -36,7 +35,7 @@ class OracleExplorer(Explorer):
         """Plain's children of every finished sibling (the width rule is not guessed: it is known)."""
         if depth_left <= 0 or not siblings:
             return
-        keys = [k for c in siblings for k in self.children.get(c.state, ()) if k not in self._jobs]
+        keys = [k for c in siblings for k in self.children.get(c.node, ()) if k not in self._jobs]
         for key in keys[: self.spare(len(keys), depth=len(siblings[0].state))]:
             task = self._launch(key)
             task.add_done_callback(lambda t, d=depth_left: self._after_speculative(t, rule, budget, d))

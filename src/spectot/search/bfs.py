@@ -61,7 +61,7 @@ async def reward_balanced_search(
     consumed: list[Child] = []
     for _ in range(max_depth):
         widths = rule(frontier, budget)
-        keys = [ChildKey(n.state, i) for n, w in zip(frontier, widths) for i in range(w)]
+        keys = [ChildKey(n.state, i, n.node) for n, w in zip(frontier, widths) for i in range(w)]
         if not keys:
             break
         wanted = set(keys)
@@ -85,7 +85,7 @@ async def reward_balanced_search(
 def _under(key: ChildKey, nodes: Sequence[Child], strictly: bool = False) -> bool:
     """Whether ``key`` expands one of ``nodes`` or a descendant of one (strictly: a descendant only)."""
     for n in nodes:
-        depth = len(n.state) + (1 if strictly else 0)
-        if len(key.parent) >= depth and key.parent[: len(n.state)] == n.state:
+        place = n.node
+        if len(key.at) >= len(place) + (1 if strictly else 0) and key.at[: len(place)] == place:
             return True
     return False

@@ -2,10 +2,13 @@
 
 REBASE, ETS, rStar and REST-MCTS all grow their trees one *expansion* at a time: the Thought
 Generator writes the next step after a state (one completion), and a reward scores the new state.
-An expansion is named by its ``ChildKey`` — the parent state and the child's index among its
-siblings — and its sampling seed is a pure function of that key and the run's seed, so the same
-child comes out whether the search asks for it, SPEX speculated it earlier, or another engine runs
-it: speculation changes when work happens, never what it produces.
+An expansion is named by its ``ChildKey`` — the parent state, the parent's place in the tree and the
+child's index among its siblings — and its sampling seed is a pure function of that key and the run's
+seed, so the same child comes out whether the search asks for it, SPEX speculated it earlier, or another
+engine runs it: speculation changes when work happens, never what it produces. The place (``Node``: the
+child indices from the root) keeps two nodes whose steps read alike apart: each samples its own children,
+as the plain algorithm does (keyed by text alone, they drew the same children, and SPEX's cache ran the
+duplicates once where the plain search ran them twice).
 
 Rewards (``RewardKind``):
     self_eval  the task's evaluator prompt, greedy, scaled from the task's value range to [0, 1]
@@ -32,10 +35,19 @@ RewardModel = Callable[[Problem, State], float]
 PRIMARY, NEXT, SPECULATIVE = 0, 1, 2
 
 
+Node = tuple[int, ...]  # a place in the search tree: the child indices from the root (the root: ())
+
+
 @dataclass(frozen=True)
 class ChildKey:
     parent: State
     index: int  # the child's rank among its siblings: child i of a parent is always the same sample
+    at: Node = ()  # the parent's place in the tree
+
+    @property
+    def node(self) -> Node:
+        """The child's place in the tree."""
+        return self.at + (self.index,)
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,17 @@ class Child:
     tokens: int  # tokens generated for this expansion (step + reward)
     seconds: float
 
+    @property
+    def node(self) -> Node:
+        """Its place in the tree (the root's: ())."""
+        return self.key.node if self.key.index >= 0 else ()
+
     @classmethod
-    def make_dummy(cls, parent: State = (), index: int = 0, reward: float = 0.5, final: bool = False, answer=""):
+    def make_dummy(
+        cls, parent: State = (), index: int = 0, reward: float = 0.5, final: bool = False, answer="", at: Node = ()
+    ):
         step = f"step {len(parent)}.{index}"
-        return cls(ChildKey(parent, index), parent + (step,), step, reward, final, answer, 10, 0.0)
+        return cls(ChildKey(parent, index, at), parent + (step,), step, reward, final, answer, 10, 0.0)
 
 
 @dataclass(frozen=True)
@@ -101,14 +120,14 @@ class Expander:
         """The generation, then its reward; a ``LivePriority`` lets the caller re-rank both while they run."""
         t = time.perf_counter()
         step_request = self.task.thought(self.problem, key.parent)
-        [seed] = stream_seeds(self.seed, "TG", self.problem.id, key.parent, key.index, n=1)
+        [seed] = stream_seeds(self.seed, "TG", self.problem.id, key.parent, key.at, key.index, n=1)
         sampling = self.sampling
         out = await self._complete(
             step_request, sampling.temperature, seed, priority, sampling.top_p, logprobs=self.reward == "logprob"
         )
         step = self.task.parse_thought(self.problem, key.parent, out.text)
         state = key.parent + (step,)
-        reward, reward_tokens = await self._reward(state, out, priority)
+        reward, reward_tokens = await self._reward(state, key.node, out, priority)
         final = self.task.is_final(self.problem, state)
         answer = self.task.final_answer(self.problem, state) if final else ""
         tokens = out.completion_tokens + reward_tokens
@@ -116,7 +135,9 @@ class Expander:
         self.counters.tokens += tokens
         return Child(key, state, out.text, reward, final, answer, tokens, time.perf_counter() - t)
 
-    async def _reward(self, state: State, out: Completion, priority: int | LivePriority) -> tuple[float, int]:
+    async def _reward(
+        self, state: State, node: Node, out: Completion, priority: int | LivePriority
+    ) -> tuple[float, int]:
         if self.reward == "logprob":
             return logprob_reward(out), 0
         if callable(self.reward):
@@ -124,7 +145,7 @@ class Expander:
             if not math.isfinite(value):  # a NaN would win votes and UCT choices in silence
                 raise ValueError(f"the reward model returned {value} for a state of problem {self.problem.id}")
             return value, 0
-        [seed] = stream_seeds(self.seed, "SE", self.problem.id, state, n=1)
+        [seed] = stream_seeds(self.seed, "SE", self.problem.id, state, node, n=1)
         judged = await self._complete(
             self.task.value(self.problem, state), self.sampling.eval_temperature, seed, priority
         )

@@ -131,7 +131,7 @@ async def _exact_search(
                 continue
             rollout = _claim(tree, path, progress)
             run = asyncio.ensure_future(_rollout(source, tree, start, rollout))
-            taken = ahead.pop(ChildKey(start.state, rollout.index), None)
+            taken = ahead.pop(ChildKey(start.state, rollout.index, start.node), None)
             if taken is not None:  # the search's rollout takes over the pre-run's steps as hits
                 taken[0].cancel()
                 taken[0].add_done_callback(_quiet)  # a failed pre-run is a miss (its steps are run again)
@@ -172,11 +172,12 @@ def _pre_run(
     """Keep the likeliest predicted rollouts pre-running, as many as the query's budget grants (in expansions:
     a rollout runs ``width`` at a time), the likeliest of them at priority ``NEXT``; a running pre-run the
     prediction no longer holds is cancelled."""
-    chains = {ChildKey(tree.nodes[primary.path[-1]].state, primary.index): primary.chain}
+    start = tree.nodes[primary.path[-1]]
+    chains = {ChildKey(start.state, primary.index, start.node): primary.chain}
     chains |= {key: r.chain for key, (_, r) in ahead.items()}
     running = {k for k, (t, _) in ahead.items() if not t.done()}
     selections = _predicted(tree, chains, primary, remaining, c)
-    predicted = [(start, ChildKey(start.state, i)) for start, i in selections]
+    predicted = [(start, ChildKey(start.state, i, start.node)) for start, i in selections]
     predicted = [(start, key) for start, key in predicted if key not in ahead or key in running]  # finished: kept
     new = source.spare((len(predicted) - len(running)) * tree.width) // tree.width
     keep = predicted[: len(running) + new]
@@ -211,7 +212,8 @@ def _predicted(
     view = replace(tree, nodes=dict(tree.nodes), next_index=dict(tree.next_index), ids=itertools.count(-1, -1))
 
     def pend(path: tuple[int, ...], index: int) -> None:
-        chain = chains.get(ChildKey(view.nodes[path[-1]].state, index), [])
+        start = view.nodes[path[-1]]
+        chain = chains.get(ChildKey(start.state, index, start.node), [])
         grown = _graft(view, path, chain)
         leaf = chain[-1][0] if chain else None
         if leaf is not None and (leaf.final or len(leaf.state) >= view.max_depth):
@@ -333,7 +335,7 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
     fills ``r.chain``."""
     parent, first = start, r.index
     while True:
-        r.waiting = [ChildKey(parent.state, first + i) for i in range(tree.width)]
+        r.waiting = [ChildKey(parent.state, first + i, parent.node) for i in range(tree.width)]
         priority = r.priority  # a promoted rollout's later steps run as primary work (a pre-run's: as it ranks)
         if r.ahead:
             children = await asyncio.gather(*[source.ahead(k, priority) for k in r.waiting])  # started at once

@@ -158,9 +158,9 @@ def critical_path_seconds(expansions: Sequence[Child]) -> float:
     most any speculation can speed up the same tree. Worked example: depth 0 takes [3, 1] s, the child of
     the 1 s node takes 2 s, the child of the 3 s node 1 s: barrier 3 + 2 = 5 s, critical path
     max(3 + 1, 1 + 2) = 4 s, ceiling 1.25x."""
-    finished_at: dict[tuple, float] = {(): 0.0}  # state -> when its expansion ends
+    finished_at: dict[tuple, float] = {(): 0.0}  # node -> when its expansion ends
     for c in sorted(expansions, key=lambda c: len(c.state)):  # parents before children
-        finished_at[c.state] = finished_at.get(c.key.parent, 0.0) + c.seconds
+        finished_at[c.node] = finished_at.get(c.key.at, 0.0) + c.seconds
     return max(finished_at.values())
 
 
@@ -168,8 +168,8 @@ def expansion_tree(expansions: Sequence[Child]) -> list[tuple[int, int, float]]:
     """(parent index or -1 for a child of the root, tokens, seconds) per expansion, parents first: the
     shape ``explore/bound.py`` replays on the machine's throughput curve."""
     nodes = sorted(expansions, key=lambda c: len(c.state))
-    index = {c.state: i for i, c in enumerate(nodes)}
-    return [(index.get(c.key.parent, -1), c.tokens, c.seconds) for c in nodes]
+    index = {c.node: i for i, c in enumerate(nodes)}
+    return [(index.get(c.key.at, -1), c.tokens, c.seconds) for c in nodes]
 
 
 def root_child() -> Child:
