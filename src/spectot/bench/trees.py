@@ -248,7 +248,7 @@ def _summarize(records, methods, temperatures, n_prompts, n_gsm8k, acceptance, c
 def _markdown(result: dict) -> str:
     cfg = result["config"]
     lines = [
-        f"# bench trees — {cfg['target']} {cfg['dtype']}, draft {cfg['draft']}, {cfg['gsm8k_prompts']} GSM8K + "
+        f"# bench trees — {cfg['target']} {cfg['dtype']}, draft {cfg['draft_draft']}, {cfg['gsm8k_prompts']} GSM8K + "
         f"{cfg['cw_prompts']} Creative Writing prompts, {cfg['max_new_tokens']} new tokens, {result['machine']['threads']} threads",
         "",
         f"Draft cost c (first depth / each further depth, relative to one target step): {result['costs'].get('c', 0):.3f} / "
