@@ -109,6 +109,29 @@ def test_solve_does_not_empty_an_earlier_runs_results(tmp_path: Path) -> None:
         ("rebase", "ngram", {}, {"ets_embedder": "x/y"}, {"method": "sd"}, "use them with --search ets"),
         ("tot-bfs", "ngram", {}, {"cluster_threshold": 0.1}, {}, "use them with --search ets"),
         ("ets", "ngram", {}, {"ets_embedder": "x/y", "cluster_threshold": 0.1}, {"method": "sd"}, None),
+        # flags the run would not read (they were accepted and ignored)
+        ("tot-bfs", "ngram", {}, {"budget": 16, "reward": "logprob"}, {}, "--budget, --reward configure the tree"),
+        ("tot-bfs", "ngram", {}, {}, {"method": "sd"}, "--method configure the tree searches"),
+        ("tot-bfs", "edd", {"engine": "ar"}, {}, {}, "--engine ar decodes without a draft"),
+        ("tot-bfs", "none", {"engine": "hf-batched-ar"}, {}, {}, None),
+        ("rebase", "ngram", {"trace": "t.json"}, {}, {}, "--trace configure --search tot-bfs"),
+        ("rebase", "ngram", {"engine": "continuous-sd"}, {}, {}, "--engine configure --search tot-bfs"),
+        ("rebase", "ngram", {}, {"max_children": 5}, {}, "--max-children belong to another search"),
+        ("rstar", "ngram", {}, {"lambda_kv": 2.0}, {}, "--lambda-kv belong to another search"),
+        ("rstar", "ngram", {}, {"rest_children": 3}, {}, "--rest-children belong to another search"),
+        ("rebase", "ngram", {}, {"k_total": 4}, {}, "--k-total configure SPEX's speculation"),
+        ("rebase", "ngram", {}, {"k_total": 4, "explore": "spex"}, {}, None),
+        ("rebase", "ngram", {}, {}, {"base_url": ("http://h/v1",)}, "--base-url configure --backend openai"),
+        ("rebase", "edd", {}, {}, {}, "--draft edd drafts for --method sd"),
+        (
+            "rebase",
+            "ngram",
+            {},
+            {},
+            {"backend": "openai", "base_url": ("http://h/v1",), "max_streams": 8},
+            "--max-streams configure the local engine",
+        ),
+        ("rebase", "ngram", {}, {}, {"backend": "openai", "base_url": ("http://h/v1",)}, None),
     ],
 )
 def test_solve_flag_combinations(search, draft, solve, tree, backend, message, tmp_path: Path) -> None:
@@ -124,6 +147,15 @@ def test_solve_flag_combinations(search, draft, solve, tree, backend, message, t
         return
     with pytest.raises(ValueError, match=message):
         check_solve(*options)
+
+
+def test_identical_votes_are_refused() -> None:
+    """--n-votes 3 at --eval-temperature 0 cast three copies of one greedy vote."""
+    options = (DraftOptions(), SolveOptions(), TreeSearchOptions(), BackendOptions())
+    with pytest.raises(ValueError, match="casts 3 identical votes"):
+        check_solve(SearchOptions(evaluation="vote", n_votes=3), *options)
+    check_solve(SearchOptions(evaluation="vote", n_votes=3, eval_temperature=0.7), *options)
+    check_solve(SearchOptions(evaluation="vote", n_votes=1), *options)
 
 
 def test_tree_depth_counts_draft_depths_for_every_tree() -> None:

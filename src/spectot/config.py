@@ -7,9 +7,9 @@ eagerly, with messages that say how to fix the input. No torch import: ``spectot
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 DType = Literal["bf16", "fp32", "fp16"]
 Method = Literal["ar", "sd"]
@@ -951,6 +951,21 @@ def check_solve(
     if search.search != "ets" and (tree.ets_embedder or tree.cluster_threshold is not None):
         raise ValueError("--ets-embedder and --cluster-threshold cluster ETS's steps: use them with --search ets")
     if search.search == "tot-bfs":
+        _refuse_unread(
+            _set(tree, *TREE_SEARCH_FLAGS, "early_stop", "min_answers", "alpha")
+            + _set(backend, "method", "max_streams", "served_model", "timeout", "connect_timeout", "retries"),
+            "configure the tree searches (--search rebase, ets, rstar, rest-mcts); --search tot-bfs",
+        )
+        if search.evaluation == "vote" and search.n_votes > 1 and search.eval_temperature == 0:
+            raise ValueError(
+                f"--evaluation vote --n-votes {search.n_votes} at --eval-temperature 0 casts {search.n_votes} "
+                "identical votes: sample them (--eval-temperature 0.7, as ToT) or pass --n-votes 1"
+            )
+        if options.engine in DRAFTLESS_ENGINES and draft.draft not in ("none", "ngram"):
+            raise ValueError(
+                f"--engine {options.engine} decodes without a draft, so --draft {draft.draft} would be unused: "
+                "pick a drafting engine (sd, mcsd, batched-sd, seed, seed-batched, continuous-sd)"
+            )
         if backend.backend != "local" or backend.base_url:
             raise ValueError(
                 "--backend openai / --base-url serve the tree searches (--search rebase, ets, rstar, rest-mcts); "
@@ -971,5 +986,56 @@ def check_solve(
         return
     if options.generations:
         raise ValueError(f"--generations records --search tot-bfs runs; --search {search.search} does not write it")
+    mcts = search.search in ("rstar", "rest-mcts")
+    _refuse_unread(
+        _set(search, "breadth", "thoughts", "generation", "evaluation", "n_votes")
+        + _set(options, "engine", "trace", "profile"),
+        f"configure --search tot-bfs (the tree searches run on --backend local --method ar|sd, or servers); "
+        f"--search {search.search}",
+    )
+    _refuse_unread(
+        _set(tree, *(("balance_temperature", "lambda_kv", "lambda_cov", "lookahead", "retract") if mcts else ()))
+        + _set(tree, *(("max_children", "dfs_speculation") if not mcts else ()))
+        + _set(tree, *(("rest_children",) if search.search != "rest-mcts" else ())),
+        f"belong to another search algorithm; --search {search.search}",
+    )
+    if tree.explore == "none":
+        _refuse_unread(
+            _set(tree, "k_total", "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation"),
+            "configure SPEX's speculation; without --explore spex the search",
+        )
+    if backend.backend == "local":
+        _refuse_unread(
+            _set(backend, "base_url", "served_model", "timeout", "connect_timeout", "retries"),
+            "configure --backend openai; the local backend",
+        )
+        if backend.method == "ar" and draft.draft not in ("none", "ngram"):
+            raise ValueError(f"--draft {draft.draft} drafts for --method sd; with --method ar it would be unused")
+    else:
+        _refuse_unread(
+            _set(backend, "method", "max_streams")
+            + _set(tree, "fill_rows", "sd_requests")
+            + (["--draft"] if draft.draft not in ("none", "ngram") else []),
+            "configure the local engine; --backend openai (the servers decode as they are set up)",
+        )
     if backend.backend == "local" and backend.method == "sd" and draft.draft == "none":
         raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")
+
+
+# the tree searches' own flags (TreeSearchOptions' fields that tot-bfs does not read)
+TREE_SEARCH_FLAGS = (
+    "budget", "balance_temperature", "max_children", "rest_children", "lambda_kv", "lambda_cov", "reward", "k_total",
+    "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation",
+)  # fmt: skip
+
+
+def _set(options: Any, *names: str) -> list[str]:
+    """The flags among ``names`` whose value is not the field's default: the ones the user set."""
+    defaults = {f.name: f.default for f in fields(options)}
+    return ["--" + name.replace("_", "-") for name in names if getattr(options, name) != defaults[name]]
+
+
+def _refuse_unread(flags: list[str], why: str) -> None:
+    """A ValueError naming ``flags`` that the run would not read (``why``: what they configure; who ignores them)."""
+    if flags:
+        raise ValueError(f"{', '.join(flags)} {why} would not read {'it' if len(flags) == 1 else 'them'}")

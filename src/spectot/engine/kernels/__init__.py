@@ -18,12 +18,15 @@ write, SwiGLU gate) as one call each, row-wise in a fixed order.
 ``noise_ops`` (``noise.cpp``): sampled decoding's counter-based coupled noise E_i = -log u_i at any token ids, and the
 draw argmax p / E without drawing all of it.
 
-Builds land in ``$SPECTOT_HOME/kernels/<torch version>/<module>``; when a build is impossible (another CPU,
-no compiler or ninja) the loaders return None and callers fall back to torch.
+Builds land in ``$SPECTOT_HOME/kernels/<torch version>-<torch path hash>/<module>`` (e.g. ``2.13.0_cpu-1a2b3c4d``:
+two environments with the same torch at different paths keep their own builds instead of rebuilding each other's),
+one build at a time per folder under an OS file lock that a killed build cannot leave behind; when a build is
+impossible (another CPU, no compiler or ninja) the loaders return None and callers fall back to torch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
@@ -58,12 +61,17 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
     from torch.utils.cpp_extension import load
 
     name = f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else "") + ("_amx" if amx else "")
-    build = spectot_home() / "kernels" / torch.__version__.replace("+", "_") / name  # one folder per build
+    torch_key = _torch_build_key(torch.__version__, Path(torch.__file__).parent.resolve())
+    build = spectot_home() / "kernels" / torch_key / name  # one folder per build: torch install x module x ISA
     build.mkdir(parents=True, exist_ok=True)
     isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
     isa += ["-mamx-tile", "-mamx-bf16"] if amx else []
     try:
-        with _package_ninja_first():
+        with _exclusive_build(build, source), _package_ninja_first():
+            if _needs_build(build, name):
+                logger.info("building the %s kernel (first use; a few minutes)", source)
+            else:
+                logger.debug("loading the %s kernel from %s", source, build)
             return load(
                 name=name,
                 sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
@@ -75,6 +83,51 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
     except Exception as err:  # a missing compiler or ninja must not stop decoding
         logger.warning("could not build the %s kernel (%s); using %s", source, err, fallback)
         return None
+
+
+def _torch_build_key(version: str, torch_dir: Path) -> str:
+    """The kernels folder of one torch installation: its version, readable, and 8 hex digits of its path, e.g.
+    ``2.13.0_cpu-1a2b3c4d`` for torch 2.13.0+cpu. Keyed by version alone, two environments with the same torch at
+    different paths rebuilt each other's kernels whenever they alternated: each build command names its own
+    torch's headers, so ninja took the other's build for a changed command."""
+    digest = hashlib.sha256(str(torch_dir).encode()).hexdigest()[:8]
+    return f"{version.replace('+', '_')}-{digest}"
+
+
+def _needs_build(build: Path, name: str) -> bool:
+    """Whether torch's builder will compile: no module in ``build`` yet, or one older than a kernel source (the
+    cheap part of ninja's test; a rebuild for a changed command line alone goes unannounced)."""
+    module = build / (name + (".pyd" if os.name == "nt" else ".so"))
+    if not module.exists():
+        return True
+    built = module.stat().st_mtime
+    return any(f.stat().st_mtime > built for f in Path(__file__).parent.iterdir() if f.suffix in (".cpp", ".h"))
+
+
+@contextmanager
+def _exclusive_build(build: Path, source: str) -> Iterator[None]:
+    """Hold ``<build>/.spectot-build.lock`` (flock, exclusive) while torch's builder runs in ``build``.
+
+    torch's own baton is a file, ``<build>/lock``, made with O_EXCL; other processes wait until it disappears, so a
+    build killed midway (Ctrl-C, a test timeout) left it behind and every later run hung silently. The OS drops a
+    flock when its holder dies, and every spectot build here takes this one first, so a ``lock`` file found while
+    holding it is stale: it is removed. Without fcntl (Windows) only torch's baton guards the folder."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(build / ".spectot-build.lock", "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process building the %s kernel in %s", source, build)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        stale = build / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by an interrupted build of the %s kernel", stale, source)
+            stale.unlink(missing_ok=True)
+        yield  # closing the file releases the flock
 
 
 @contextmanager

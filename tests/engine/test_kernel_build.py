@@ -1,0 +1,70 @@
+"""The kernel build folder's lock and name: a killed build cannot hang later runs, and two torch installs keep
+their own builds. Nothing here compiles a kernel."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from spectot.engine.kernels import _exclusive_build, _needs_build, _torch_build_key
+
+fcntl = pytest.importorskip("fcntl")
+
+
+def test_a_stale_torch_lock_is_removed_under_our_lock(tmp_path: Path, caplog) -> None:
+    """torch's ``lock`` file left by a killed build made every later build wait forever; holding our flock, it can
+    only be stale, so it goes (with a warning) and the build goes on."""
+    (tmp_path / "lock").write_text("")
+    with caplog.at_level(logging.WARNING, logger="spectot.engine.kernels"), _exclusive_build(tmp_path, "noise"):
+        assert not (tmp_path / "lock").exists()
+        with open(tmp_path / ".spectot-build.lock") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while the build runs
+    assert "interrupted build of the noise kernel" in caplog.text
+    with open(tmp_path / ".spectot-build.lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released afterwards
+
+
+def _take_lock(build: str, trying, taken) -> None:
+    trying.set()  # imports done: only the lock stands between this process and ``taken``
+    with _exclusive_build(Path(build), "noise"):
+        taken.set()
+
+
+def test_a_second_builder_waits_for_the_first(tmp_path: Path) -> None:
+    """Another process takes the folder only once the first lets go."""
+    context = multiprocessing.get_context("spawn")
+    trying, taken = context.Event(), context.Event()
+    with _exclusive_build(tmp_path, "noise"):
+        other = context.Process(target=_take_lock, args=(str(tmp_path), trying, taken))
+        other.start()
+        assert trying.wait(timeout=120.0)
+        assert not taken.wait(timeout=2.0)
+    assert taken.wait(timeout=30.0)
+    other.join(timeout=30.0)
+    assert other.exitcode == 0
+
+
+def test_the_build_folder_names_the_torch_version_and_path() -> None:
+    """Readable version, then 8 hex digits of the install path: two venvs with one torch version differ."""
+    first = _torch_build_key("2.13.0+cpu", Path("/envs/a/lib/python3.11/site-packages/torch"))
+    second = _torch_build_key("2.13.0+cpu", Path("/envs/b/lib/python3.11/site-packages/torch"))
+    assert first.startswith("2.13.0_cpu-") and len(first) == len("2.13.0_cpu-") + 8
+    assert set(first.rsplit("-", 1)[1]) <= set("0123456789abcdef")
+    assert first != second
+    assert first == _torch_build_key("2.13.0+cpu", Path("/envs/a/lib/python3.11/site-packages/torch"))
+
+
+def test_a_build_is_announced_only_when_the_module_is_missing_or_older_than_a_source(tmp_path: Path) -> None:
+    sources = Path(_needs_build.__code__.co_filename).parent
+    newest = max(f.stat().st_mtime for f in sources.iterdir() if f.suffix in (".cpp", ".h"))
+    assert _needs_build(tmp_path, "spectot_noise")
+    module = tmp_path / "spectot_noise.so"
+    module.write_text("")
+    os.utime(module, (newest + 60, newest + 60))
+    assert not _needs_build(tmp_path, "spectot_noise")
+    os.utime(module, (newest - 60, newest - 60))
+    assert _needs_build(tmp_path, "spectot_noise")
