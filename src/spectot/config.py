@@ -7,6 +7,7 @@ eagerly, with messages that say how to fix the input. No torch import: ``spectot
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -14,6 +15,7 @@ from typing import Any, Literal, get_args
 DType = Literal["bf16", "fp32", "fp16"]
 Method = Literal["ar", "sd"]
 Kernels = Literal["auto", "torch", "spectot", "tiled"]
+MAX_TREE_NODES = 1024  # a draft tree's nodes at most: one target forward verifies them all, so larger never pays
 
 
 TreeKind = Literal["auto", "chain", "k_config", "specinfer", "sequoia", "pct", "vct", "cape", "eagle2"]
@@ -146,8 +148,11 @@ class ModelOptions:
     )
 
     def __post_init__(self) -> None:
-        if self.threads < 0:
-            raise ValueError(f"--threads must be >= 0, got {self.threads}")
+        cores = os.cpu_count() or 1
+        if not 0 <= self.threads <= 4 * cores:  # thousands of OpenMP / BLAS threads crash the process
+            raise ValueError(
+                f"--threads must be in [0, {4 * cores}] (this machine has {cores} cores), got {self.threads}"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.removeprefix("cuda:").isdigit():
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got '{self.device}'")
         if self.prefix_cache < 0:
@@ -263,8 +268,11 @@ class DraftOptions:
                 "would no longer be the independent (or without-replacement) draws from q that verification "
                 "assumes: use --tree-children top (the default) or auto"
             )
-        if self.tree_budget < 1 or self.tree_depth < 0:
-            raise ValueError("--tree-budget must be >= 1 and --tree-depth >= 0")
+        if not 1 <= self.tree_budget <= MAX_TREE_NODES or self.tree_depth < 0:
+            raise ValueError(
+                f"--tree-budget must be in [1, {MAX_TREE_NODES}] (one forward verifies the tree: larger ones never "
+                f"pay) and --tree-depth >= 0, got {self.tree_budget} and {self.tree_depth}"
+            )
         if not 0 <= self.pct_threshold < 1:
             raise ValueError(f"--pct-threshold must be in [0, 1), got {self.pct_threshold}")
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -292,6 +300,8 @@ class SamplingOptions:
             raise ValueError(f"--top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if "" in self.stop:
+            raise ValueError("--stop '' would stop before the first token: give each stop string some text")
 
 
 @dataclass(frozen=True)
@@ -364,8 +374,8 @@ class TreeSequoiaOptions:
             raise ValueError("--acceptance is required: e.g. --acceptance 0.6,0.2,0.1 or a JSON file")
         if self.streams < 1:
             raise ValueError(f"--streams must be >= 1, got {self.streams}")
-        if self.budget < 1:
-            raise ValueError(f"--budget must be >= 1, got {self.budget}")
+        if not 1 <= self.budget <= MAX_TREE_NODES:
+            raise ValueError(f"--budget must be in [1, {MAX_TREE_NODES}] (larger trees never pay), got {self.budget}")
         if self.max_depth < 0:
             raise ValueError(f"--max-depth must be >= 0 (0 = unbounded), got {self.max_depth}")
 
@@ -838,6 +848,11 @@ class ServeOptions:
     max_choices: int = field(
         default=256, **opt("most completions one HTTP request may ask for (its prompts x n; more is a 400)")
     )
+    max_body_mb: float = field(default=32.0, **opt("largest request body in MB (more is a 413)"))
+    shutdown_grace: float = field(
+        default=5.0,
+        **opt("seconds in-flight requests may run on after a shutdown signal; then each is answered 503"),
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -846,6 +861,10 @@ class ServeOptions:
             raise ValueError(f"--max-streams must be >= 1, got {self.max_streams}")
         if self.max_choices < 1:
             raise ValueError(f"--max-choices must be >= 1, got {self.max_choices}")
+        if not self.max_body_mb > 0:
+            raise ValueError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
+        if not self.shutdown_grace >= 0:
+            raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {self.shutdown_grace}")
 
 
 @dataclass(frozen=True)
@@ -940,6 +959,12 @@ def check_draft(draft: DraftOptions) -> None:
         raise ValueError(
             f"--tree {draft.tree} shapes a draft model's tree; --draft {draft.draft} has none (--ngram-width widens "
             "the n-gram draft)"
+        )
+    decoder = draft.draft in ("edd", "vdm") or (Path(draft.draft).expanduser() / "draft.json").is_file()
+    if draft.tree not in ("auto", "chain") and not decoder and draft.draft not in ("none", "ngram"):
+        raise ValueError(
+            f"--tree {draft.tree} shapes the trees of spectot's draft decoders (edd, vdm, a `spectot train-draft` "
+            f"folder); the draft model {draft.draft} drafts a chain"
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from spectot.config import ModelOptions, TrainDraftOptions
 from spectot.train.job import run_train_draft
 
@@ -28,7 +30,13 @@ def test_features_are_extracted_once_per_corpus_file(tiny_checkpoint, tmp_path) 
                 extracted.append(done)
 
         options = TrainDraftOptions(
-            corpus=files, out=str(tmp_path / out), features=str(features), head_vocab=16, epochs=1, layers=1
+            corpus=files,
+            out=str(tmp_path / out),
+            features=str(features),
+            head_vocab=16,
+            epochs=1,
+            layers=1,
+            hidden_layer=-2,
         )
         return run_train_draft(model, options, report), extracted
 
@@ -58,7 +66,7 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
 
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
     a, b = corpus(tmp_path / "a.jsonl", 0, 8), corpus(tmp_path / "b.jsonl", 20, 8)
-    common = {"features": str(tmp_path / "features"), "head_vocab": 16, "layers": 1, "lr": 1e-2}
+    common = {"features": str(tmp_path / "features"), "head_vocab": 16, "layers": 1, "lr": 1e-2, "hidden_layer": -2}
 
     def train(name: str, files: tuple[str, ...], **extra) -> dict:
         options = TrainDraftOptions(corpus=files, out=str(tmp_path / name), epochs=4, **{**common, **extra})
@@ -71,7 +79,7 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
     base, fresh = weights("base"), weights("fresh")
     assert torch.equal(weights("tuned")["head_ids"], base["head_ids"])
     assert not torch.equal(fresh["head_ids"], base["head_ids"])
-    assert tuned["draft"]["hidden_layer"] == -4 and tuned["options"]["init"] == str(tmp_path / "base")
+    assert tuned["draft"]["hidden_layer"] == -2 and tuned["options"]["init"] == str(tmp_path / "base")
     # it starts where the trained draft left off: at a learning rate too small to move a weight, the
     # result is the trained draft itself (a fresh start at that rate would keep the target's layers)
     train("kept", (b,), init=str(tmp_path / "base"), lr=1e-12)
@@ -110,7 +118,13 @@ def test_resume_refuses_a_checkpoint_of_another_draft_or_corpus_order(tiny_check
 
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
     a, b = corpus(tmp_path / "a.jsonl", 0, 6), corpus(tmp_path / "b.jsonl", 7, 4)
-    common = {"features": str(tmp_path / "features"), "layers": 1, "epochs": 1, "out": str(tmp_path / "out")}
+    common = {
+        "features": str(tmp_path / "features"),
+        "layers": 1,
+        "epochs": 1,
+        "out": str(tmp_path / "out"),
+        "hidden_layer": -2,
+    }
 
     def train(files: tuple[str, ...], **extra) -> dict:
         options = TrainDraftOptions(corpus=files, **{**common, "head_vocab": 16, **extra})
@@ -132,6 +146,19 @@ def test_prompts_are_encoded_as_the_pipeline_encodes_them(tiny_checkpoint, tmp_p
         "".join(json.dumps({"question": f"w{i} w{i + 1}", "answer": f"w{i + 2} w9"}) + "\n" for i in range(5))
     )
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
-    options = TrainDraftOptions(corpus=(str(path),), out=str(tmp_path / "out"), head_vocab=16, epochs=1, layers=1)
+    options = TrainDraftOptions(
+        corpus=(str(path),), out=str(tmp_path / "out"), head_vocab=16, epochs=1, layers=1, hidden_layer=-2
+    )
     result = run_train_draft(model, options, lambda *args, **kwargs: None)
     assert result["corpus"]["sequences"] == 5 and result["corpus"]["skipped_lines"] == []
+
+
+def test_a_hidden_layer_past_the_targets_layers_is_refused(tiny_checkpoint, tmp_path) -> None:
+    """--hidden-layer 99 on a 2-layer target was read modulo 3: a draft trained on the embeddings."""
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"question": "w1 w2", "answer": "w3 w4"}) + "\n")
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    options = TrainDraftOptions(corpus=(str(path),), out=str(tmp_path / "out"), hidden_layer=99, epochs=1)
+    with pytest.raises(ValueError, match=r"--hidden-layer 99: the target has 2 layers"):
+        run_train_draft(model, options, lambda *args, **kwargs: None)
+    assert not (tmp_path / "out" / "draft.json").exists()

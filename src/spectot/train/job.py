@@ -66,6 +66,12 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     def encode_text(text: str) -> list[int]:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    layers = int(target.model.config.num_hidden_layers)
+    if not -(layers + 1) <= options.hidden_layer <= layers:  # hidden_states: the embeddings, then each layer
+        raise ValueError(
+            f"--hidden-layer {options.hidden_layer}: the target has {layers} layers, so hidden_states indices run "
+            f"from {-(layers + 1)} to {layers} (0: the embeddings; -1: the last layer)"
+        )
     features = Path(options.features) if options.features else out / "features"
     runner = ModelRunner(
         target.model, max_context=target.max_context, capacity=options.max_len + 8, kernels=model.kernels
