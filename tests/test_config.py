@@ -159,6 +159,20 @@ def test_solve_flag_combinations(search, draft, solve, tree, backend, message, t
         check_solve(*options)
 
 
+def test_output_paths_that_could_not_be_written_are_refused_before_the_work(tmp_path: Path) -> None:
+    """A --trace under a file, or a folder as --out, failed after the whole run (its results lost)."""
+    from spectot.config import TraceOptions, TreeProfileOptions
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="afile is a file, not a folder"):
+        SolveOptions(trace=str(afile / "trace.json"))
+    for make in (TreeMeasureOptions, TreeProfileOptions, lambda out: TraceOptions(file="t.json", out=out)):
+        with pytest.raises(ValueError, match="is a directory, expected a file"):
+            make(out=str(tmp_path))
+    assert SolveOptions(trace=str(tmp_path / "new" / "deeper" / "trace.json")).trace  # folders to be made: fine
+
+
 def test_identical_votes_are_refused() -> None:
     """--n-votes 3 at --eval-temperature 0 cast three copies of one greedy vote."""
     options = (DraftOptions(), SolveOptions(), TreeSearchOptions(), BackendOptions())

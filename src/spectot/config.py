@@ -63,11 +63,25 @@ def require_finite(**values: float) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
 
-def fresh_output(path: str, flag: str) -> None:
-    """A results file the command empties first must not hold an earlier run's results."""
-    out = Path(path)
+def writable_file(path: str, flag: str) -> None:
+    """A file the command writes after its work, refused before the work when it could not be written then (a
+    folder in its place, a file where a folder of its path should be, a folder this user cannot write)."""
+    out = Path(path).expanduser()
     if out.is_dir():
         raise ValueError(f"{flag} {path}: is a directory, expected a file")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {folder}")
+
+
+def fresh_output(path: str, flag: str) -> None:
+    """A results file the command empties first must not hold an earlier run's results."""
+    writable_file(path, flag)
+    out = Path(path)
     if out.is_file() and out.stat().st_size:
         raise ValueError(f"{flag} {path}: already holds results; move it away or choose another file")
 
@@ -496,6 +510,8 @@ class TreeMeasureOptions:
     out: str = field(default="", **opt("write the JSON here too (default: print only)"))
 
     def __post_init__(self) -> None:
+        if self.out:
+            writable_file(self.out, "--out")
         if self.width < 1 or self.limit < 1 or self.offset < 0 or self.max_new_tokens < 1:
             raise ValueError("--width, --limit and --max-new-tokens must be >= 1, --offset >= 0")
         require_finite(temperature=self.temperature)
@@ -510,6 +526,8 @@ class TreeProfileOptions:
     out: str = field(default="", **opt("write the JSON here too (default: print only)"))
 
     def __post_init__(self) -> None:
+        if self.out:
+            writable_file(self.out, "--out")
         if self.tn_max < 1 or self.depths < 2:
             raise ValueError(f"--tn-max must be >= 1 and --depths >= 2, got {self.tn_max}, {self.depths}")
 
@@ -710,6 +728,8 @@ class SolveOptions:
             fresh_output(self.json, "--json")
         if self.generations:
             fresh_output(self.generations, "--generations")
+        if self.trace:
+            writable_file(self.trace, "--trace")
 
 
 @dataclass(frozen=True)
@@ -907,6 +927,9 @@ class TraceOptions:
     file: str = field(default="", **opt("timeline JSON written by `spectot solve --trace`", positional=True))
     out: str = field(default="trace.png", **opt("Gantt chart PNG to write"))
     title: str = field(default="", **opt("chart title"))
+
+    def __post_init__(self) -> None:
+        writable_file(self.out, "--out")
 
 
 @dataclass(frozen=True)

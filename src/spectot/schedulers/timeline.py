@@ -62,6 +62,7 @@ class Timeline:
         return cls([Interval(**i) for i in obj["intervals"]], origin=0.0)
 
     def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_json()))
 
     @classmethod
