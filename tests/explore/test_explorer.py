@@ -563,3 +563,16 @@ def test_nodes_whose_steps_read_alike_sample_their_own_children(algorithm: str) 
         assert len(set(states)) < len(states)  # steps read alike: the tree holds equal states
         requests[explore] = [c.key for c in result.expansions]
     assert requests[True] == requests[False]  # speculation changed nothing
+
+
+def test_rest_mcts_gives_a_node_all_its_children_when_the_width_does_not_divide_them() -> None:
+    """--max-children 3 --rest-children 2 (the defaults): a node's last step expands the one child left (it
+    stopped at 2 children: the limit was rounded down to a multiple of the width)."""
+    from collections import Counter
+
+    config = TreeSearchConfig("rest-mcts", budget=12, max_children=3, rest_children=2)
+    result, _, _ = run(mcts_search, PlainSource, config)
+    children = Counter(c.key.at for c in result.expansions)
+    assert max(children.values()) == 3
+    assert all(sorted(c.key.index for c in result.expansions if c.key.at == at) == list(range(n))
+               for at, n in children.items())  # fmt: skip

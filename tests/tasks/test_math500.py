@@ -165,6 +165,11 @@ def test_power_towers_are_refused_before_any_computation() -> None:
     assert verdicts == "[False, False, False]", child.stderr
 
 
+def test_an_unbraced_square_root_takes_the_whole_number() -> None:
+    assert is_equiv("3\\sqrt13", "3\\sqrt{13}")
+    assert not is_equiv("3\\sqrt13", "9")
+
+
 def test_values_past_the_float_range_are_compared() -> None:
     """3^{700} ~ 1e334: the numeric check turned both sides into Python floats (inf) and called them unequal."""
     assert is_equiv("3^{700}", "9^{350}")

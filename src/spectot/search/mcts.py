@@ -3,9 +3,16 @@
 One simulation (llm-reasoners' phases):
     _select    UCT descent from the root (c = 2) to a node that may still get a child
     _rollout   rStar: one new child, then steps to a terminal answer (at most ``max_depth``);
-               REST-MCTS: each step expands ``rest_children`` children and keeps the best by process reward
+               REST-MCTS: each step expands ``rest_children`` children (fewer at a node's last indices,
+               so it gets all ``max_children``) and keeps the best by process reward
     _fold      the rollout's nodes join the tree; its terminal reward is backed up along the path
-``budget`` simulations in all; the answer is the weighted vote over the terminal leaves. Both back up the plain
+``budget`` simulations in all; the answer is the weighted vote over the terminal leaves.
+
+Deviations from the papers, which change results: rStar (Qi et al. 2024) has five actions (A1 one-step thought,
+A2 the remaining steps, A3 a sub-question, A4 re-answer it, A5 rephrase the question); here only A1. It picks
+the answer by mutual consistency with a second model (its discriminator); here the reward-weighted vote, and
+its terminal rewards are self-consistency counts where here they are the task's self-evaluation. So this is
+rStar's search (UCT over one-step thoughts, rollouts to an answer), not its reasoning actions. Both back up the plain
 mean of the terminal rewards (rStar's rule); REST-MCTS's paper weighs its value update by the process rewards
 along the path, which is not built: here its per-step process rewards pick the kept child only. A rollout cut at
 ``max_depth`` without an answer casts no vote. ``max_depth`` is the config's, else the task's: the math tasks'
@@ -84,7 +91,12 @@ class _Tree:
     def free(self, node: int) -> bool:
         """Whether ``node`` may still get children: not terminal, above the depth limit, indices left."""
         open_node = node not in self.stats.terminal and len(self.nodes[node].state) < self.max_depth
-        return open_node and self.next_index.get(node, 0) + self.width <= self.max_children
+        return open_node and self.next_index.get(node, 0) < self.max_children
+
+    def step(self, first: int) -> int:
+        """Children a step expands from child index ``first``: ``width``, fewer at the node's last indices (max
+        children 3, width 2: steps of 2 then 1; a node stopped at 2 children)."""
+        return min(self.width, self.max_children - first)
 
     def add(self, parent: int, child: Child) -> int:
         node = next(self.ids)
@@ -157,7 +169,7 @@ async def _exact_search(
 def _claim(tree: _Tree, path: tuple[int, ...], progress: asyncio.Event | None = None) -> _Rollout:
     """The sequential search's rollout from ``path[-1]``: it takes the node's next child index."""
     rollout = _Rollout(path, tree.next_index.get(path[-1], 0), False, PRIMARY, progress=progress)
-    tree.next_index[path[-1]] = rollout.index + tree.width
+    tree.next_index[path[-1]] = rollout.index + tree.step(rollout.index)
     return rollout
 
 
@@ -239,7 +251,7 @@ def _predicted(
             continue
         index = view.next_index.get(start, 0)
         selections.append((view.nodes[start], index))
-        view.next_index[start] = index + view.width
+        view.next_index[start] = index + view.step(index)
         pend(path, index)
     return selections
 
@@ -260,7 +272,7 @@ async def _folding_search(
         rollout = _Rollout(path, tree.next_index.get(start, 0), speculative, SPECULATIVE if speculative else PRIMARY)
         if speculative:  # its steps run at a priority the search raises if it makes the rollout its primary one
             rollout.live = LivePriority(SPECULATIVE)
-        tree.next_index[start] = rollout.index + tree.width
+        tree.next_index[start] = rollout.index + tree.step(rollout.index)
         # a rollout runs ``width`` expansions at once: it holds that many units of the budget
         running[source.start(_rollout(source, tree, tree.nodes[start], rollout), speculative, tree.width)] = rollout
         launched += 1
@@ -335,7 +347,7 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
     fills ``r.chain``."""
     parent, first = start, r.index
     while True:
-        r.waiting = [ChildKey(parent.state, first + i, parent.node) for i in range(tree.width)]
+        r.waiting = [ChildKey(parent.state, first + i, parent.node) for i in range(tree.step(first))]
         priority = r.priority  # a promoted rollout's later steps run as primary work (a pre-run's: as it ranks)
         if r.ahead:
             children = await asyncio.gather(*[source.ahead(k, priority) for k in r.waiting])  # started at once

@@ -10,6 +10,9 @@ This file owns everything Blocksworld-specific:
 - loaders for the step-6 data (``split_*_data.json``, ``full_step_6.json``, ``*_rendered.jsonl``);
 - a generator of fresh instances with optimal plans found by breadth-first search;
 - ``BlocksworldTask``: RAP's few-shot "next action" prompt (G) and its "good"/"bad" self-evaluation (E).
+  Its goal test (``is_final``) is the simulator above: a state is final once its actions reach the goal,
+  where RAP / ToT ask the LLM world model's state and goal check. The search then stops exactly at a valid
+  plan, so accuracies are not comparable with the papers' (every method here shares the rule).
 
 Vocabulary. An *atom* is a tuple ``(predicate, *blocks)``, e.g. ``("on", "c", "d")`` or ``("handempty",)``.
 A *world* is the frozenset of atoms true at one moment (STRIPS closed world). An *action* is a PDDL action
