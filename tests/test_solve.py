@@ -106,3 +106,47 @@ def test_ets_clusters_steps_with_the_embedder_it_is_given() -> None:
     search, tree = SearchOptions(search="ets", depth=2), TreeSearchOptions(budget=3, cluster_threshold=0.1)
     run_tree_solve(search, tree, SolveOptions(task="gsm8k", limit=1), RecordingBackend(), embed=embed)
     assert seen and all(t == "The answer is 3." for texts in seen for t in texts)
+
+
+def test_an_interrupted_solve_resumes_where_it_stopped(tiny_checkpoint, tmp_path) -> None:
+    """--resume: the problems whose records made it to --json are not run again, a torn last record is cut and
+    its problem runs again, and the file ends as an uninterrupted run's; another setup is refused."""
+    from spectot.data.jsonl import DataError
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    search = SearchOptions(depth=2, thoughts=2)
+    whole = tmp_path / "whole.jsonl"
+    run_solve(model, DraftOptions(draft="none"), search, SolveOptions(engine="ar", limit=3, json=str(whole)))
+    lines = whole.read_text().splitlines()
+    cut = tmp_path / "cut.jsonl"
+    run_solve(model, DraftOptions(draft="none"), search, SolveOptions(engine="ar", limit=3, json=str(cut)))
+    cut.write_text(lines[0] + "\n" + lines[1][:40])  # killed while writing the second record
+    options = SolveOptions(engine="ar", limit=3, json=str(cut), resume=True)
+    run = run_solve(model, DraftOptions(draft="none"), search, options)
+    assert run.summary()["resumed"] == 1 and len(run.records) == 2
+    keep = ("id", "answer", "levels", "grade")
+    assert [{k: json.loads(x)[k] for k in keep} for x in cut.read_text().splitlines()] == [
+        {k: json.loads(x)[k] for k in keep} for x in lines
+    ]
+    with pytest.raises(DataError, match=r"another setup \(SearchOptions differ"):
+        run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=3), options)
+    (tmp_path / "cut.jsonl.run.json").unlink()
+    with pytest.raises(DataError, match="no cut.jsonl.run.json beside it"):
+        run_solve(model, DraftOptions(draft="none"), search, options)
+    with pytest.raises(ValueError, match="already holds results"):
+        SolveOptions(json=str(cut))  # without --resume a file of results is not emptied
+
+
+def test_a_tree_search_resumes_without_asking_the_backend_again(tmp_path) -> None:
+    out = tmp_path / "rebase.jsonl"
+    search, tree = SearchOptions(search="rebase", depth=2), TreeSearchOptions(budget=2)
+    first = RecordingBackend()
+    run_tree_solve(search, tree, SolveOptions(task="gsm8k", limit=2, json=str(out)), first)
+    lines = out.read_text().splitlines()
+    out.write_text(lines[0] + "\n")
+    again = RecordingBackend()
+    options = SolveOptions(task="gsm8k", limit=2, json=str(out), resume=True)
+    run = run_tree_solve(search, tree, options, again)
+    assert run.summary()["resumed"] == 1 and len(run.records) == 1
+    assert 0 < len(again.requests) < len(first.requests)
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == [json.loads(x)["id"] for x in lines]

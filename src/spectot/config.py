@@ -712,6 +712,13 @@ class SolveOptions:
         default="", **opt("JSON of `spectot tree profile` (t(n), c) for tree sizing; empty = measure at start")
     )
     json: str = field(default="", **opt("write one JSON line per problem (tree, answer, stats) to this file"))
+    resume: bool = field(
+        default=False,
+        **opt(
+            "continue the --json file an interrupted run of the same command wrote: its problems are not run "
+            "again (refused if the flags differ)"
+        ),
+    )
     trace: str = field(default="", **opt("write the per-stream timeline here (draw it with `spectot trace`)"))
     generations: str = field(
         default="",
@@ -724,8 +731,12 @@ class SolveOptions:
     def __post_init__(self) -> None:
         if self.limit < 0 or self.offset < 0:
             raise ValueError("--limit and --offset must be >= 0")
+        if self.resume and not self.json:
+            raise ValueError("--resume continues a --json file: pass the --json of the run to continue")
+        if self.resume and self.generations:
+            raise ValueError("--resume continues --json only: write --generations in a run of its own")
         if self.json:
-            fresh_output(self.json, "--json")
+            (writable_file if self.resume else fresh_output)(self.json, "--json")
         if self.generations:
             fresh_output(self.generations, "--generations")
         if self.trace:

@@ -12,10 +12,12 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions
+from spectot.data.jsonl import DataError, results_file
 from spectot.search.policy import ComponentStats, LocalBackend, Policy
 from spectot.search.tot_bfs import BfsConfig, tot_bfs
 from spectot.tasks.base import Problem
@@ -30,13 +32,18 @@ class SolveRun:
     stats: dict[str, ComponentStats] = field(default_factory=dict)
     seconds: float = 0.0
     timeline: object | None = None
+    resumed: list[dict] = field(default_factory=list)  # records an interrupted run of the same setup wrote
 
     def summary(self) -> dict:
+        """This run's problems, times and tokens; ``accuracy_all`` also counts the resumed ones."""
         grades = [r["grade"] for r in self.records]
+        every = grades + [r["grade"] for r in self.resumed]
         tokens = sum(c.new_tokens for c in self.stats.values())
         return {
             "problems": len(self.records),
+            "resumed": len(self.resumed),
             "accuracy": sum(grades) / len(grades) if grades else 0.0,
+            "accuracy_all": sum(every) / len(every) if every else 0.0,
             "seconds": self.seconds,
             "new_tokens": tokens,
             "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,
@@ -48,6 +55,35 @@ def bfs_config(search: SearchOptions) -> BfsConfig:
     return BfsConfig(
         search.breadth, search.thoughts, search.generation, search.evaluation, search.n_votes, search.depth
     )
+
+
+def run_setup(*options: Any, **more: Any) -> dict:
+    """What a run's records depend on, for ``--resume``: every option group's flags but those that only pick
+    problems, outputs or speed (limit, offset, files written, threads, timeouts)."""
+    skip = {"limit", "offset", "json", "resume", "trace", "generations", "threads", "timeout", "connect_timeout"}
+    skip |= {"retries", "base_url"}
+    setup = {type(o).__name__: {k: v for k, v in asdict(o).items() if k not in skip} for o in options}
+    return {**setup, **more}
+
+
+def resume_problems(
+    path: str, setup: dict, resume: bool, problems: list[Problem]
+) -> tuple[list[dict], list[Problem], Callable[[dict], None] | None]:
+    """(records already written, problems still to run, appender) for ``--json path`` (no path: nothing, all,
+    None). A resumed record must be of one of ``problems``, with the same question."""
+    if not path:
+        return [], problems, None
+    done, append = results_file(path, setup, resume)
+    by_id = {p.id: p for p in problems}
+    for record in done:
+        problem = by_id.get(record["id"])
+        if problem is not None and record.get("question", problem.question) != problem.question:
+            raise DataError(
+                f"{path}: problem {record['id']} was another question in the run that wrote it: the data file "
+                "changed; write to another file"
+            )
+    ids = {r["id"] for r in done}
+    return done, [p for p in problems if p.id not in ids], append
 
 
 def _appender(path: str) -> Callable[[dict], None] | None:
@@ -89,6 +125,8 @@ def run_solve(
 
     task = make_task(options.task, search.depth, options.prompt_pool)
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
+    setup = run_setup(model, draft, search, options)  # before the model loads: a refused resume costs nothing
+    resumed, problems, write = resume_problems(options.json, setup, options.resume, problems)
     if pipe is None:
         pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
     costs = json.loads(Path(options.profile).read_text()) if options.profile else None
@@ -112,8 +150,7 @@ def run_solve(
         _appender(options.generations),
     )
     policy = Policy(backend, search.seed, search.thought_temperature, search.eval_temperature, search.thought_top_p)
-    run = SolveRun(stats=backend.stats, timeline=timeline)
-    write = _appender(options.json)
+    run = SolveRun(stats=backend.stats, timeline=timeline, resumed=resumed)
 
     def solve(problem: Problem) -> dict:
         t = time.perf_counter()

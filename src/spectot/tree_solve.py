@@ -9,18 +9,17 @@ order, and a summary; it never prints (the CLI reports progress through ``report
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from spectot.config import BackendOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions, TreeSearchOptions
 from spectot.explore.queries import ExploreConfig, run_queries
 from spectot.search.ets import Embed
 from spectot.search.expansion import NEXT, PRIMARY, ExpansionSampling
 from spectot.search.tree_search import TreeSearchConfig
+from spectot.solve import resume_problems, run_setup
 from spectot.tasks.base import Problem
 from spectot.tasks.registry import load_problems, make_task
 
@@ -32,9 +31,12 @@ class TreeSolveRun:
     records: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     engine: dict = field(default_factory=dict)  # the local engine's counters (steps, most live streams)
+    resumed: list[dict] = field(default_factory=list)  # records an interrupted run of the same setup wrote
 
     def summary(self) -> dict:
+        """This run's problems, times and counters; ``accuracy_all`` also counts the resumed ones."""
         n = len(self.records)
+        every = [r["score"] for r in self.records + self.resumed]
         spec = [r["spec"] for r in self.records]
         total = lambda key: sum(s.get(key, 0) for s in spec)  # noqa: E731
         speculated, used = total("speculated"), total("expansions_used")
@@ -43,7 +45,9 @@ class TreeSolveRun:
         query_seconds = sum(r["seconds"] for r in self.records)
         return {
             "problems": n,
+            "resumed": len(self.resumed),
             "accuracy": sum(r["score"] for r in self.records) / n if n else 0.0,
+            "accuracy_all": sum(every) / len(every) if every else 0.0,
             "seconds": self.seconds,
             "questions_per_minute": 60 * n / self.seconds if self.seconds else 0.0,
             "tokens": sum(r["tokens"] for r in self.records),
@@ -150,21 +154,22 @@ def run_tree_solve(
     close: bool = True,
     problems: list[Problem] | None = None,
     embed: Embed | None = None,
+    setup: dict | None = None,
 ) -> TreeSolveRun:
     """Solve ``options.limit`` problems with ``tree.queries_in_flight`` at once; ``report(done, total,
     record)`` after each; ``close``: close the backend at the end (in the loop that used it). ``problems``:
     the ones ``options`` names, loaded already (the CLI reads them before the model loads); ``embed``: ETS's
-    embedder, loaded already (else ``make_embedder`` loads it)."""
+    embedder, loaded already (else ``make_embedder`` loads it); ``setup``: what the records depend on beyond
+    these options (the model, draft and backend flags: ``solve.run_setup``), kept for ``--resume``."""
     if options.generations:
         raise ValueError(f"--generations records --search tot-bfs runs; --search {search.search} does not write it")
     task = make_task(options.task, search.depth, options.prompt_pool)
     if problems is None:
         problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
-    out = Path(options.json) if options.json else None
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("")
-    run = TreeSolveRun()
+    setup = run_setup(search, tree, options, **(setup or {"backend": getattr(backend, "name", "")}))
+    resumed, problems, write = resume_problems(options.json, setup, options.resume, problems)
+    questions = {p.id: p.question for p in problems}
+    run = TreeSolveRun(resumed=resumed)
     embed = embed or make_embedder(search, tree)
 
     async def main() -> None:
@@ -181,11 +186,11 @@ def run_tree_solve(
         )
         try:
             async for record in records:
-                row = {**record.to_dict(), "search": search.search, "explore": tree.explore}
+                row = {**record.to_dict(), "question": questions[record.id], "search": search.search}
+                row["explore"] = tree.explore
                 run.records.append(row)
-                if out is not None:
-                    with out.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
+                if write is not None:
+                    write(row)
                 if report is not None:
                     report(len(run.records), len(problems), row)
         finally:

@@ -223,6 +223,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
     from spectot.bench.progress import progress_bar
     from spectot.cli.tables import tree_solve_table
     from spectot.tasks.registry import load_problems
+    from spectot.solve import run_setup
     from spectot.tree_solve import make_backend, make_embedder, run_tree_solve
 
     model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
@@ -241,7 +242,8 @@ def _tree_solve(args: argparse.Namespace) -> int:
                 f"{record['expansions']} expansions, answer {record['answer'][:40]!r}"
             )
 
-        run = run_tree_solve(search, tree, options, backend, report, problems=problems, embed=embed)
+        setup = run_setup(model, draft, backend_options)
+        run = run_tree_solve(search, tree, options, backend, report, problems=problems, embed=embed, setup=setup)
     title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
     Console().print(tree_solve_table(run.summary(), title))
     return 0

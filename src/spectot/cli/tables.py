@@ -59,9 +59,16 @@ def solve_table(summary: dict, title: str) -> Table:
     table.caption = (
         f"{summary['problems']} problems, accuracy {summary['accuracy']:.2f}, wall {summary['seconds']:.1f}s, "
         f"{summary['new_tokens']} tokens, {summary['tokens_per_second']:.1f} tok/s "
-        "(tok/step: tokens per target step of a stream, bonus token included)"
+        "(tok/step: tokens per verification step of a stream, bonus token included)" + _resumed(summary)
     )
     return table
+
+
+def _resumed(summary: dict) -> str:
+    """A caption line for a resumed run: how many problems earlier runs did, and the accuracy over them all."""
+    if not summary.get("resumed"):
+        return ""
+    return f"; resumed past {summary['resumed']} problems, accuracy over all {summary['accuracy_all']:.2f}"
 
 
 def tree_solve_table(summary: dict, title: str) -> Table:
@@ -94,4 +101,5 @@ def tree_solve_table(summary: dict, title: str) -> Table:
         str(summary["wasted_tokens"]),
         str(summary["stopped_early"]),
     )
+    table.caption = _resumed(summary).removeprefix("; ") or None
     return table

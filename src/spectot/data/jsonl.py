@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +109,45 @@ def resume_outputs(path: str | Path, prompts: list[str]) -> int:
             )
     drop_torn_line(path, torn)
     return len(complete)
+
+
+def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict], Callable[[dict], None]]:
+    """The records an interrupted run of the same ``setup`` appended to ``path`` (with ``resume``; else the file
+    starts empty), and an appender for the next ones.
+
+    The setup is kept beside the records (``PATH.run.json``): a file written under another setup, or without
+    one, is refused (its records would mix two runs); a line that is no record is named; a torn last line (the
+    run was killed mid-write) is cut off, so its problem runs again."""
+    out, kept = Path(path), Path(f"{path}.run.json")
+    stored = json.loads(json.dumps(setup))  # as written: tuples come back as lists
+    records: list[dict] = []
+    if resume and out.exists() and out.stat().st_size:
+        if not kept.exists():
+            raise DataError(f"{path}: no {kept.name} beside it says which run wrote it; resume into another file")
+        before = json.loads(kept.read_text())
+        differ = sorted(k for k in stored.keys() | before.keys() if stored.get(k) != before.get(k))
+        if differ:
+            raise DataError(
+                f"{path} holds the records of another setup ({', '.join(differ)} differ, see {kept}): resume with "
+                "the same flags, or write to another file"
+            )
+        lines, torn = appended_lines(out)
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if not isinstance(record, dict) or "id" not in record:
+                raise DataError(f"{path}:{number}: not a record of this job; resume into another file")
+            records.append(record)
+        drop_torn_line(out, torn)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("")
+    kept.write_text(json.dumps(stored, indent=1))
+
+    def append(record: dict) -> None:
+        with out.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return records, append
