@@ -150,3 +150,19 @@ def test_a_tree_search_resumes_without_asking_the_backend_again(tmp_path) -> Non
     assert run.summary()["resumed"] == 1 and len(run.records) == 1
     assert 0 < len(again.requests) < len(first.requests)
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == [json.loads(x)["id"] for x in lines]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1, 2]", "an object with a 't_curve' list"),
+        ("{", "cannot read it"),
+        ('{"t_curve": [{"n": 2, "t": 1}]}', "start at n = 1"),
+    ],
+)
+def test_a_bad_profile_is_refused_before_the_model_loads(text, message, tmp_path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    model = ModelOptions(target=str(tmp_path / "no-model"))  # never loaded: the profile is read first
+    with pytest.raises(ValueError, match=message):
+        run_solve(model, DraftOptions(draft="none"), SearchOptions(), SolveOptions(profile=str(path), limit=1))

@@ -19,6 +19,7 @@ from typing import Any
 from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.data.jsonl import DataError, results_file
 from spectot.search.policy import ComponentStats, LocalBackend, Policy
+from spectot.spec.profile import read_profile
 from spectot.search.tot_bfs import BfsConfig, tot_bfs
 from spectot.tasks.base import Problem
 from spectot.tasks.registry import load_problems, make_task
@@ -127,9 +128,9 @@ def run_solve(
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
     setup = run_setup(model, draft, search, options)  # before the model loads: a refused resume costs nothing
     resumed, problems, write = resume_problems(options.json, setup, options.resume, problems)
+    costs = read_profile(options.profile) if options.profile else None
     if pipe is None:
         pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
-    costs = json.loads(Path(options.profile).read_text()) if options.profile else None
     if in_flight < 1:
         raise ValueError(f"in_flight must be >= 1, got {in_flight}")
     owned = engine is None  # an engine made here is closed here (a continuous one holds a thread)

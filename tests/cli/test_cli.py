@@ -230,3 +230,15 @@ def test_tree_measure_counts_the_draft_alone(capsys, checkpoint, tmp_path) -> No
     result = json.loads(out)
     assert len(result["acceptance"]) == 1 and result["visits"] > 0
     assert sum(result["acceptance"]) <= 1.0 + 1e-9  # at most one rank is accepted per visit
+
+
+def test_tree_measure_refuses_what_would_measure_nothing(capsys, checkpoint, tmp_path) -> None:
+    """A plain draft model drafts a chain (its ranks 2.. read 0) and an --offset past the prompts measured zero
+    prompts; both printed a result with exit 0."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"q": "w1 w2"}) + "\n")
+    argv = ["tree", "measure", "--target", str(checkpoint), "--dtype", "fp32", "--prompts", str(prompts)]
+    code, _, err = run(capsys, *argv, "--field", "q", "--draft", str(checkpoint), "--offset", "0")
+    assert code != 0 and "drafts a chain" in err
+    code, _, err = run(capsys, *argv, "--field", "q", "--draft", "edd", "--offset", "5")
+    assert code != 0 and "no prompts from --offset 5" in err

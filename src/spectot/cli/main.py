@@ -402,15 +402,22 @@ def _tree_tool(args: argparse.Namespace) -> int:
         raise ValueError("tree measure/profile need a model draft with probabilities: --draft edd, vdm or a folder")
     if args.tree_command == "measure":
         options = from_flags(args, TreeMeasureOptions)
+        if draft.draft not in ("edd", "vdm") and not (Path(draft.draft).expanduser() / "draft.json").is_file():
+            raise ValueError(
+                f"tree measure ranks a draft tree's candidates: --draft {draft.draft} drafts a chain (its ranks "
+                "2.. would read 0); use edd, vdm or a `spectot train-draft` folder"
+            )
         from spectot.data.jsonl import read_field
         from spectot.spec.sampling import SamplingParams
 
+        texts = read_field(options.prompts, options.field_name, options.offset + options.limit)[options.offset :]
+        if not texts:
+            raise ValueError(f"{options.prompts}: no prompts from --offset {options.offset}")
         # a fixed star: the measurement is of the draft, not of what adaptive k or a grafted lookup branch
         # (ranks past the width) would make of it
         pipe = Pipeline.from_options(
             model, replace(draft, tree="k_config", k_config=str(options.width), adaptive_k=False, lookup=0)
         )
-        texts = read_field(options.prompts, options.field_name, options.offset + options.limit)[options.offset :]
         result = trees.measure_acceptance(
             pipe,
             [pipe.encode(t) for t in texts],
@@ -425,12 +432,10 @@ def _tree_tool(args: argparse.Namespace) -> int:
         result = trees.profile_costs(pipe, n_max=options.tn_max, depths=options.depths)
         result.update(draft=draft.draft, target=model.target, dtype=model.dtype)
     text = json.dumps(result, indent=1)
+    print(text)  # first: the measurement is shown even if the file cannot be written
     if options.out:
-        from pathlib import Path
-
         Path(options.out).parent.mkdir(parents=True, exist_ok=True)
         Path(options.out).write_text(text)
-    print(text)
     return 0
 
 
@@ -491,7 +496,6 @@ def _models() -> int:
 
 def _tree_sequoia(options: TreeSequoiaOptions) -> int:
     import math
-    from pathlib import Path
 
     from spectot.config import parse_acceptance
     from spectot.spec.trees.sequoia import sequoia_tree
@@ -500,14 +504,12 @@ def _tree_sequoia(options: TreeSequoiaOptions) -> int:
     result = sequoia_tree(acceptance, options.budget, options.max_depth or None)
     out: dict = {"parents": result.parents, "expected_tokens": result.expected_tokens}
     if options.profile:
+        from spectot.spec.profile import read_profile
         from spectot.spec.trees.sizing import TCurve, choose_tree_size
 
-        try:
-            profile = json.loads(Path(options.profile).read_text())
-            curve = TCurve.from_measurements({p["n"]: p["t"] for p in profile["t_curve"]})
-            cost, first = float(profile["c_extra_depth"]), float(profile["c"])
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{options.profile}: expected the JSON `spectot tree profile` writes ({err})") from None
+        profile = read_profile(options.profile, need_draft=True)
+        curve = TCurve.from_measurements({p["n"]: p["t"] for p in profile["t_curve"]})
+        cost, first = float(profile["c_extra_depth"]), float(profile["c"])
         choice = choose_tree_size(result.table, curve, cost, streams=options.streams, first_draft_cost=first)
         sized = sequoia_tree(acceptance, choice.n, choice.d)
         out = {

@@ -100,3 +100,30 @@ def measure_costs(
         draft_first_step_s=times[1], draft_step_s=step, target_step_s=t1, c=times[1] / t1, c_extra_depth=step / t1
     )
     return result
+
+
+def read_profile(path: str, need_draft: bool = False) -> dict:
+    """A `spectot tree profile` JSON, checked before any model loads: {"t_curve": [{n, t, seconds?}, ...] with
+    n = 1 first, and ``c`` / ``c_extra_depth`` (the draft step costs) where ``need_draft``}; anything else is a
+    ValueError naming the file and what is wrong."""
+    import json
+    from pathlib import Path
+
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read it as the JSON `spectot tree profile` writes ({err})") from None
+    curve = profile.get("t_curve") if isinstance(profile, dict) else None
+    if not isinstance(curve, list) or not curve:
+        raise ValueError(f"{path}: not a `spectot tree profile` JSON (an object with a 't_curve' list)")
+    for i, point in enumerate(curve):
+        if not (
+            isinstance(point, dict) and isinstance(point.get("n"), int) and isinstance(point.get("t"), int | float)
+        ):
+            raise ValueError(f"{path}: t_curve[{i}] is not a point {{n, t}}: {point!r}")
+    if curve[0]["n"] != 1:
+        raise ValueError(f"{path}: the t_curve must start at n = 1 (t(n) is relative to one row)")
+    for key in ("c", "c_extra_depth") if need_draft else ():
+        if not isinstance(profile.get(key), int | float):
+            raise ValueError(f"{path}: no draft cost '{key}': profile with the draft (`spectot tree profile --draft`)")
+    return profile
