@@ -210,3 +210,18 @@ def test_a_draft_that_names_nothing_is_refused_before_any_model_loads() -> None:
         check_draft(DraftOptions(draft="egd"))
     for fine in ("none", "ngram", "edd", "vdm", "smollm2-135m", "HuggingFaceTB/SmolLM2-360M-Instruct"):
         check_draft(DraftOptions(draft=fine))
+
+
+def test_benchmarks_refuse_the_flags_they_set_themselves() -> None:
+    from spectot.config import check_bench
+
+    with pytest.raises(ValueError, match="--draft ngram drafts none"):
+        check_bench("trees", DraftOptions(), None, None)
+    with pytest.raises(ValueError, match="--tree, --k-config: bench trees sets them"):
+        check_bench("trees", DraftOptions(draft="edd", tree="k_config", k_config="2,2"), None, None)
+    with pytest.raises(ValueError, match="bench tot runs ToT-BFS"):
+        check_bench("tot", DraftOptions(), SearchOptions(search="rebase"), None)
+    with pytest.raises(ValueError, match="--k-total: bench spex sets them"):
+        check_bench("spex", DraftOptions(), None, TreeSearchOptions(k_total=3))
+    check_bench("trees", DraftOptions(draft="edd"), None, None)
+    check_bench("spex", DraftOptions(), None, TreeSearchOptions())

@@ -1081,6 +1081,30 @@ def check_solve(
         raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")
 
 
+def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, tree: TreeSearchOptions | None) -> None:
+    """The flags a benchmark sets itself (per method, per variant), refused when given (they were overridden in
+    silence), and drafts it cannot measure, before any model loads."""
+    if bench == "trees":
+        _refuse_set(
+            _set(draft, "tree", "k_config", "acceptance", "num_draft_tokens"),
+            "bench trees sets them for each of its methods (--chain-k, --sequoia-*, --eagle2-tokens size them)",
+        )
+        if draft.draft in ("none", "ngram") or not (
+            draft.draft in ("edd", "vdm") or (Path(draft.draft).expanduser() / "draft.json").is_file()
+        ):
+            raise ValueError(
+                f"bench trees compares draft trees: --draft {draft.draft} drafts none (pass edd, vdm or a "
+                "`spectot train-draft` folder)"
+            )
+    if bench == "tot" and search is not None and search.search != "tot-bfs":
+        raise ValueError(f"bench tot runs ToT-BFS; --search {search.search} is benchmarked by bench spex")
+    if bench == "spex" and tree is not None:
+        _refuse_set(
+            _set(tree, "explore", "k_total", "queries_in_flight"),
+            "bench spex sets them for each cell (--variants, --fixed-k-total, --in-flight)",
+        )
+
+
 # the tree searches' own flags (TreeSearchOptions' fields that tot-bfs does not read)
 TREE_SEARCH_FLAGS = (
     "budget", "balance_temperature", "max_children", "rest_children", "lambda_kv", "lambda_cov", "reward", "k_total",
@@ -1092,6 +1116,12 @@ def _set(options: Any, *names: str) -> list[str]:
     """The flags among ``names`` whose value is not the field's default: the ones the user set."""
     defaults = {f.name: f.default for f in fields(options)}
     return ["--" + name.replace("_", "-") for name in names if getattr(options, name) != defaults[name]]
+
+
+def _refuse_set(flags: list[str], why: str) -> None:
+    """A ValueError naming ``flags`` a command sets itself (``why``)."""
+    if flags:
+        raise ValueError(f"{', '.join(flags)}: {why}; drop {'it' if len(flags) == 1 else 'them'}")
 
 
 def _refuse_unread(flags: list[str], why: str) -> None:

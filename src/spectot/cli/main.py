@@ -33,6 +33,7 @@ from spectot.config import (
     TreeProfileOptions,
     TreeSequoiaOptions,
     check_draft,
+    check_bench,
     check_solve,
 )
 
@@ -111,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if hasattr(args, "num_draft_tokens"):  # the command takes the draft flags
             check_draft(from_flags(args, DraftOptions))
+        if args.command == "bench" and args.bench in ("trees", "tot", "spex"):
+            check_bench(
+                args.bench,
+                from_flags(args, DraftOptions),
+                from_flags(args, SearchOptions) if args.bench == "tot" else None,
+                from_flags(args, TreeSearchOptions) if args.bench == "spex" else None,
+            )
         if args.command == "generate":
             return _generate(args)
         if args.command == "models":
