@@ -33,6 +33,7 @@ from spectot.config import (
     TreeProfileOptions,
     TreeSequoiaOptions,
     check_draft,
+    DRAFTLESS_ENGINES,
     check_bench,
     check_solve,
 )
@@ -221,7 +222,8 @@ def _solve(args: argparse.Namespace) -> int:
     summary = run.summary()
     if options.trace:
         console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")
-    Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / draft {draft.draft}"))
+    drafted = "no draft" if options.engine in DRAFTLESS_ENGINES else f"draft {draft.draft}"
+    Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / {drafted}"))
     return 0
 
 
