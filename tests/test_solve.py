@@ -166,3 +166,17 @@ def test_a_bad_profile_is_refused_before_the_model_loads(text, message, tmp_path
     model = ModelOptions(target=str(tmp_path / "no-model"))  # never loaded: the profile is read first
     with pytest.raises(ValueError, match=message):
         run_solve(model, DraftOptions(draft="none"), SearchOptions(), SolveOptions(profile=str(path), limit=1))
+
+
+def test_the_tree_searches_local_backend_drafts_the_tokens_asked(tiny_checkpoint) -> None:
+    """--num-draft-tokens reached neither the tree searches' local engine nor serve's (always 5)."""
+    from spectot.config import BackendOptions
+    from spectot.tree_solve import make_backend
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    draft = DraftOptions(draft="ngram", num_draft_tokens=2, adaptive_k=False)
+    backend = make_backend(model, draft, BackendOptions(method="sd"))
+    try:
+        assert backend.num_draft_tokens == 2
+    finally:
+        backend.engine.close()

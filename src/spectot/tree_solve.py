@@ -137,6 +137,7 @@ def make_backend(
         name=model.target,
         fill_rows=tree.fill_rows,
         draft_priority=draft_priority(tree),
+        num_draft_tokens=draft.num_draft_tokens,
     )
 
 

@@ -6,20 +6,29 @@
 - logprobs are the target's log-probabilities of the emitted tokens;
 - streamed pieces join to the completion's text and stop strings never leak into them;
 - cancelling the awaiting task abandons the request and later requests still complete;
-- a prompt's token count is the ids the model is fed, a BOS the tokenizer adds included.
+- a prompt's token count is the ids the model is fed, a BOS the tokenizer adds included;
+- a long stream decodes only a window of new tokens a step and still joins, byte for byte, to the completion
+  (multi-byte characters, stop strings), on a scripted engine with a byte-level tokenizer;
+- a failed engine step is the backend's ``failure()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
+import time
+from concurrent.futures import Future
 
 import pytest
 import torch
 
 from spectot.backends.base import Completion, CompletionRequest
-from spectot.backends.local import LocalEngineBackend
+from spectot.backends.local import LocalEngineBackend, decode_increment
 from spectot.config import DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline
+from spectot.spec.decoding import StreamResult
+from spectot.spec.stats import DecodeStats
 
 PROMPTS = ["w1 w2 w3 w1 w2", "w5 w6", "w7 w8 w9 w10", "w1 w2 w3 w1 w2"]
 
@@ -146,3 +155,127 @@ def test_no_chat_template_renders_chats_as_text(tiny_checkpoint) -> None:
     assert plain.encode(request) == list(tokenizer("w5 w6")["input_ids"])
     assert templated.encode(request) != plain.encode(request)
     assert plain.render_chat([{"role": "user", "content": "w5"}, {"role": "user", "content": "w6"}]) == "w5\nw6"
+
+
+# -- streaming: incremental decoding ------------------------------------------------------------------------------
+def byte_tokenizer():
+    """Byte-level BPE without merges: a token per byte, so "é" is two tokens and "🙂" four."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+class ScriptedEngine:
+    """Stands in for ``ContinuousEngine``: every request generates ``ids`` (up to the first stop string, as the engine
+    ends a stream), told to the listener from a thread a few tokens a step."""
+
+    _failure = None
+
+    def __init__(self, text: str, ids: list[int], steps: list[int]) -> None:
+        self.text, self.ids, self.steps = text, ids, steps
+
+    def submit(self, prompt, config, seed, listener=None, priority=0) -> Future:
+        ids, finish = self.ids, "length"
+        cuts = [self.text.find(s) + len(s) for s in config.stop if s in self.text]
+        if cuts:  # one token a byte: the stream ends with the token that completes the stop string
+            ids, finish = ids[: len(self.text[: min(cuts)].encode())], "stop"
+        future: Future = Future()
+
+        def run() -> None:
+            sent = 0
+            for step in self.steps:
+                if sent >= len(ids):
+                    break
+                if listener is not None:
+                    listener(ids[sent : sent + step])
+                sent += step
+                time.sleep(0.0002)
+            future.set_result(StreamResult(list(prompt), ids, finish, DecodeStats()))
+
+        threading.Thread(target=run, daemon=True).start()
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+TEXT = "Ünïcode wörds, 🙂 emoji and 中文 text; " * 60 + "the end: 中文 🙂"  # 2,173 characters in 2,780 byte tokens
+
+
+@pytest.mark.parametrize("stop", [(), ("end: 中文 🙂",), ("zzz", "中文 🙂", "d: 中"), ("s, 🙂",)])
+def test_a_long_stream_decodes_incrementally_and_joins_to_the_completion(stop) -> None:
+    """Every step decoded the whole text so far (24 streams of 1,800 tokens: 24 s streamed against 6.9 s not);
+    now a window of the newest tokens, and the pieces still join to the non-streamed text, byte for byte, with
+    multi-byte characters split across steps and stop strings held back."""
+    tokenizer = byte_tokenizer()
+    ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(TEXT.encode()) == 2780
+    rng = random.Random(0)
+    engine = ScriptedEngine(TEXT, ids, [rng.randint(1, 5) for _ in range(len(ids))])
+    backend = LocalEngineBackend(engine, tokenizer, max_context=8192)
+    decoded: list[int] = []
+    decode = tokenizer.decode
+
+    def counting_decode(token_ids, **kwargs):
+        decoded.append(len(token_ids))
+        return decode(token_ids, **kwargs)
+
+    tokenizer.decode = counting_decode
+    request = CompletionRequest("p", len(ids), stop=stop)
+
+    async def main():
+        *pieces, ending = [p async for p in backend.stream(request)]
+        return pieces, ending, await backend.complete(request)
+
+    pieces, ending, completion = asyncio.run(main())
+    assert "".join(pieces) == ending.text == completion.text
+    assert completion.text == (TEXT[: min(TEXT.find(s) for s in stop if s in TEXT)] if stop else TEXT)
+    assert all("\ufffd" not in p for p in pieces)
+    if len(completion.text) > 1000:
+        assert len(pieces) > 100  # streamed as generated, not all at the end
+    assert sorted(decoded)[-3] <= 64  # besides the two whole decodes (the stream's Completion, complete's), windows
+
+
+def test_decode_increment_worked_example() -> None:
+    tokenizer = byte_tokenizer()
+    a, c3, a9 = tokenizer("aé", add_special_tokens=False)["input_ids"]
+    decode = tokenizer.decode
+    assert decode_increment(decode, [a], 0, 0) == ("a", 0, 1)
+    assert decode_increment(decode, [a, c3], 0, 1) == ("", 0, 1)  # half a character: held
+    assert decode_increment(decode, [a, c3, a9], 0, 1) == ("é", 1, 3)
+
+
+def test_server_ids_and_top_k_reach_the_engine(tiny_checkpoint) -> None:
+    """``prompt_ids`` (the server tokenised the prompt once) are fed as they are; ``top_k`` reaches the sampler."""
+    from transformers import AutoTokenizer
+
+    backend = LocalEngineBackend(engine=None, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint))
+    assert backend.encode(CompletionRequest("w5 w6", prompt_ids=(7, 8, 9))) == [7, 8, 9]
+    config = backend._config(CompletionRequest("w5 w6", temperature=0.7, top_k=3))
+    assert (config.sampling.top_k, config.sampling.temperature, config.sampling.do_sample) == (3, 0.7, True)
+
+
+def test_failure_names_the_step_that_stopped_the_engine(pipe, monkeypatch) -> None:
+    from spectot.spec.decoding import DecodeSession
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("out of memory (injected)")
+
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+            assert backend.failure() is None
+            monkeypatch.setattr(DecodeSession, "verify", out_of_memory)
+            with pytest.raises(RuntimeError, match="injected"):
+                await backend.complete(CompletionRequest("w5 w6", 4))
+            return backend.failure()
+        finally:
+            monkeypatch.undo()
+            await backend.aclose()
+
+    assert "out of memory (injected)" in asyncio.run(main())

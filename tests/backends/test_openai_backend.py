@@ -80,6 +80,9 @@ class SlowBackend:
         finally:
             self.abandoned_streams += not finished
 
+    def failure(self) -> str | None:
+        return None
+
     async def aclose(self) -> None:
         pass
 
@@ -151,12 +154,15 @@ def test_parameters_reach_the_served_backend() -> None:
             assert out.logprobs == [-1.0, -1.0]
             chat = await backend.complete(CompletionRequest("hi there", 5, seed=3, chat=True, logprobs=True))
             assert (chat.text, chat.finish_reason, chat.logprobs) == ("hi there", "stop", [-1.0, -1.0])
+            await backend.complete(CompletionRequest("a b", 2, temperature=0.5, seed=1, top_k=7))  # vLLM's extra field
+            assert backend.failure() is None  # a failing server is retried or skipped, never the backend's end
 
     with BackgroundServer(create_app(fake)) as server:
         asyncio.run(scenario(server.url))
-    plain, chat = fake.requests
+    plain, chat, top_k = fake.requests
     assert plain == CompletionRequest("a b c d", 2, 0.7, 0.9, ("x", "y"), 11, logprobs=True)
     assert chat == CompletionRequest("hi there", 5, 0.0, 1.0, (), 3, logprobs=True, chat=True)
+    assert top_k == CompletionRequest("a b", 2, 0.5, seed=1, top_k=7)
 
 
 def test_requests_spread_over_two_servers() -> None:

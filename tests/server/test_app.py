@@ -1,7 +1,8 @@
 """The OpenAI-compatible server: request validation and error bodies, the streaming format and n > 1 over a
-fake backend; then end to end over loopback on a tiny random Llama behind ``LocalEngineBackend`` with the
-official ``openai`` client (greedy text == the Pipeline's, ``OpenAIBackend`` agrees, cancellation is harmless),
-and a stress test of 16 concurrent clients."""
+fake backend, health, the body limit, tokenising once off the event loop, and shutdown (requests cut with a 503,
+SIGTERM closing the backend); then end to end over loopback on a tiny random Llama behind ``LocalEngineBackend``
+with the official ``openai`` client (greedy text == the Pipeline's, ``OpenAIBackend`` agrees, cancellation is
+harmless, a failed engine step turns /health to 503), and a stress test of 16 concurrent clients."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import asyncio
 import json
 import os
 import random
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -18,7 +23,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from spectot.backends.base import Completion, CompletionRequest
-from spectot.server.app import BackgroundServer, create_app
+from spectot.server.app import SHUTTING_DOWN, BackgroundServer, create_app
+from spectot.spec.decoding import stream_seeds
 
 
 class FakeBackend:
@@ -37,6 +43,7 @@ class FakeBackend:
         self.max_live = 0
         self.cancelled = 0  # completions whose task was cancelled
         self.abandoned_streams = 0  # streams closed before their last word
+        self.failed: str | None = None  # what ``failure()`` says
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
@@ -82,6 +89,9 @@ class FakeBackend:
             finished = True
         finally:
             self.abandoned_streams += not finished
+
+    def failure(self) -> str | None:
+        return self.failed
 
     async def aclose(self) -> None:
         pass
@@ -151,16 +161,27 @@ def test_sampling_parameters_reach_the_backend(client, fake) -> None:
     assert second.max_tokens == 31  # no max_tokens: the rest of the 32-token context
 
 
-def test_n_choices_get_consecutive_seeds(client) -> None:
+def test_n_choices_get_seeds_hashed_from_the_seed(client, fake) -> None:
+    """Choice 0 takes the seed itself, choice j a hash of (seed, j): consecutive seeds share no sample (with
+    seed + j, seeds 100 and 101 shared 3 of 4)."""
     body = client.post("/v1/completions", json={"prompt": "a b", "n": 3, "seed": 7, "max_tokens": 2}).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
-    assert [c["text"] for c in body["choices"]] == ["s7t0 s7t1", "s8t0 s8t1", "s9t0 s9t1"]
+    seeds = [7, *stream_seeds(7, "choice", n=2, first=1)]
+    assert [r.seed for r in fake.requests] == seeds
+    assert [c["text"] for c in body["choices"]] == [f"s{s}t0 s{s}t1" for s in seeds]
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}  # the prompt once
+    texts = {}
+    for seed in (100, 101):
+        body = client.post("/v1/completions", json={"prompt": "a", "n": 4, "seed": seed, "max_tokens": 1}).json()
+        texts[seed] = {c["text"] for c in body["choices"]}
+        assert len(texts[seed]) == 4
+    assert not texts[100] & texts[101]
 
 
 def test_a_batch_of_prompts_times_n(client, fake) -> None:
     body = client.post("/v1/completions", json={"prompt": ["a b", "c"], "n": 2, "seed": 0, "max_tokens": 1}).json()
-    assert [c["text"] for c in body["choices"]] == ["s0t0", "s1t0", "s0t0", "s1t0"]
+    second = stream_seeds(0, "choice", n=1, first=1)[0]
+    assert [c["text"] for c in body["choices"]] == ["s0t0", f"s{second}t0", "s0t0", f"s{second}t0"]
     assert [r.prompt for r in fake.requests] == ["a b", "a b", "c", "c"]
     assert body["usage"]["prompt_tokens"] == 3
 
@@ -255,7 +276,12 @@ LONG = " ".join(["w"] * 30)
         ("completions", {"prompt": []}, 400, "prompt", "at least 1 item"),
         ("completions", {"prompt": "a", "seed": 2**64}, 400, "seed", "less than or equal to 9223372036854775807"),
         ("completions", {"prompt": "a", "seed": -(2**63) - 1}, 400, "seed", "greater than or equal to"),
-        ("completions", {"prompt": "a", "seed": 2**63 - 1, "n": 2}, 400, "seed", "seed + n - 1 must be at most"),
+        ("completions", {"prompt": "a", "stop": ["x"] * 17}, 400, "stop", "at most 16 stop strings"),
+        ("completions", {"prompt": "a", "stop": "x" * 513}, 400, "stop", "at most 512 characters, got one of 513"),
+        ("completions", {"prompt": "a", "stop": ["x", "y" * 600]}, 400, "stop", "at most 512 characters"),
+        ("completions", {"prompt": ["a", " "]}, 400, "prompt", "prompt 1 has no tokens"),
+        ("chat/completions", {"messages": USER, "stop": ["s"] * 20}, 400, "stop", "at most 16 stop strings"),
+        ("completions", {"prompt": "a", "top_k": -2}, 400, "top_k", "greater than or equal to -1"),
         ("completions", {"prompt": None}, 400, "prompt", "valid string"),
         ("completions", {"prompt": "a", "model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
         ("completions", {"prompt": LONG, "max_tokens": 8}, 400, "prompt", "maximum context length is 32 tokens"),
@@ -338,10 +364,48 @@ def test_null_means_the_default(client, fake) -> None:
     assert len(fake.requests) == 2  # n: 1, stream: false
 
 
-def test_the_largest_seed_is_taken(client, fake) -> None:
-    body = {"prompt": "a", "max_tokens": 1, "seed": 2**63 - 2, "n": 2}
-    assert client.post("/v1/completions", json=body).status_code == 200
-    assert [r.seed for r in fake.requests] == [2**63 - 2, 2**63 - 1]
+def test_the_extreme_seeds_are_taken(client, fake) -> None:
+    for seed in (2**63 - 1, -(2**63)):
+        body = {"prompt": "a", "max_tokens": 1, "seed": seed, "n": 2}
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert [r.seed for r in fake.requests][::2] == [2**63 - 1, -(2**63)]
+    assert all(0 <= r.seed < 2**62 for r in fake.requests[1::2])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("repetition_penalty", 1.3), ("min_tokens", 3), ("ignore_eos", True), ("min_p", 0.1), ("use_beam_search", True)],
+)
+def test_vllm_sampling_fields_the_engine_cannot_honour_are_refused(client, fake, field, value) -> None:
+    for path, body in [("completions", {"prompt": "a"}), ("chat/completions", {"messages": USER})]:
+        response = client.post(f"/v1/{path}", json={**body, field: value})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == (field, "unsupported_parameter")
+        assert f"{field} is not supported" in error["message"]
+    assert fake.requests == []
+
+
+def test_vllm_sampling_fields_at_their_no_op_values_are_taken(client, fake) -> None:
+    no_ops = {"repetition_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "min_p": 0, "stop_token_ids": []}
+    response = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, **no_ops, "user": "x"})
+    assert response.status_code == 200, response.text
+    response = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "repetition_penalty": None})
+    assert response.status_code == 200, response.text
+
+
+def test_top_k_reaches_the_backend(client, fake) -> None:
+    for top_k in (5, -1, 0):
+        assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "top_k": top_k}).status_code == 200
+    assert [r.top_k for r in fake.requests] == [5, 0, 0]  # vLLM's -1 is off, as 0
+
+
+def test_a_tiny_temperature_is_greedy(client, fake) -> None:
+    """1 / 1e-45 overflows the logits to NaN; below 1e-5 (vLLM's threshold) the request is greedy."""
+    for temperature in (1e-45, 9e-6, 1e-5):
+        body = {"prompt": "a", "max_tokens": 1, "temperature": temperature, "seed": 1}
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert [r.temperature for r in fake.requests] == [0.0, 0.0, 1e-5]
 
 
 def test_a_request_the_backend_finds_at_fault_is_a_400() -> None:
@@ -451,6 +515,7 @@ def test_a_streamed_choice_ends_as_its_completion_says() -> None:
     assert "".join(p["text"] for p in pieces) == "s2t0 s2t1 s2t2"
     assert [p["finish_reason"] for p in pieces] == [None, None, None, "stop"]
     assert events[-1]["usage"]["completion_tokens"] == 7
+    assert events[-1]["usage"]["prompt_tokens"] == 1  # the Completion's (an upstream's behind a proxy), not counted
 
 
 def test_streamed_n_choices(client) -> None:
@@ -462,7 +527,8 @@ def test_streamed_n_choices(client) -> None:
         assert endings[choice["index"]] is None  # nothing after a choice's last chunk
         texts[choice["index"]] += choice["text"]
         endings[choice["index"]] = choice["finish_reason"]
-    assert texts == ["s5t0 s5t1", "s6t0 s6t1"]
+    second = stream_seeds(5, "choice", n=1, first=1)[0]
+    assert texts == ["s5t0 s5t1", f"s{second}t0 s{second}t1"]
     assert endings == ["length", "length"]
 
 
@@ -493,6 +559,157 @@ def test_a_disconnect_cancels_the_generation() -> None:
     with BackgroundServer(create_app(fake)) as server:
         asyncio.run(scenario(server.url))
     assert fake.live == 0
+
+
+# -- health, body size, tokenising, shutdown -------------------------------------------------------------------
+def test_health_is_a_503_naming_the_failure_once_the_backend_cannot_serve(client, fake) -> None:
+    assert client.get("/health").status_code == 200
+    fake.failed = "the engine stopped after a failed step: RuntimeError('CUDA error')"
+    response = client.get("/health")
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "service_unavailable"
+    assert "CUDA error" in error["message"]
+    response = client.post("/v1/completions", json={"prompt": "a"})  # not a 500 per request
+    assert response.status_code == 503 and "CUDA error" in response.json()["error"]["message"]
+    assert fake.requests == []
+
+
+def test_a_body_over_the_limit_is_a_413(fake) -> None:
+    client = TestClient(create_app(fake, max_body_mb=1 / 1024))  # 1 KiB
+    assert client.post("/v1/completions", json={"prompt": "a" * 900, "max_tokens": 1}).status_code == 200
+    response = client.post("/v1/completions", json={"prompt": "a" * 1100})
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["code"] == "request_too_large" and "0.000976562 MB" in error["message"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(20):
+            yield b" " * 100
+        yield b'{"prompt": "a"}'
+
+    response = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert len(fake.requests) == 1
+
+
+class TokenisingBackend(FakeBackend):
+    """Offers ``prompt_ids`` (one id per word), recording each call and whether an event loop ran on its thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenised: list[tuple[str, bool]] = []
+
+    def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        self.tokenised.append((prompt, on_loop))
+        return list(range(len(prompt.split())))
+
+
+def test_each_prompt_is_tokenised_once_off_the_event_loop() -> None:
+    """A prompt was tokenised on the event loop (a 6 MB one stalled every client for seconds), and again for each
+    of its n choices; now once, on a worker thread, its ids reused by every choice."""
+    backend = TokenisingBackend()
+    client = TestClient(create_app(backend))
+    body = client.post("/v1/completions", json={"prompt": ["a b c", "d"], "n": 3, "max_tokens": 2}).json()
+    assert body["usage"]["prompt_tokens"] == 4
+    assert backend.tokenised == [("a b c", False), ("d", False)]
+    assert [r.prompt_ids for r in backend.requests] == [(0, 1, 2)] * 3 + [(0,)] * 3
+    chat = {"messages": [{"role": "system", "content": "s"}, *USER], "n": 2, "max_tokens": 1}
+    assert client.post("/v1/chat/completions", json=chat).status_code == 200
+    assert backend.tokenised[2:] == [("[system] s [user] hi [assistant]", False)]
+
+
+def test_a_shutdown_cuts_requests_in_flight_with_a_503_and_an_error_event() -> None:
+    """uvicorn cancelled them after its grace period: a bare text 500, and streams ended without an error event."""
+    fake = FakeBackend(delay=30.0)
+    server = BackgroundServer(create_app(fake), shutdown_grace=0.3).start()
+
+    async def scenario() -> tuple[httpx.Response, list[str]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+
+            async def stream() -> list[str]:
+                body = {"prompt": "a", "stream": True}
+                async with http.stream("POST", "/v1/completions", json=body) as response:
+                    return [line async for line in response.aiter_lines()]
+
+            plain = asyncio.create_task(http.post("/v1/completions", json={"prompt": "a"}))
+            streamed = asyncio.create_task(stream())
+            await wait_until(lambda: len(fake.requests) == 2)
+            started = time.monotonic()
+            stopping = asyncio.create_task(asyncio.to_thread(server.stop))
+            await wait_until(lambda: not plain.done() or time.monotonic() - started > 0.2)  # the grace runs
+            assert not plain.done()
+            results = await plain, await streamed
+            await stopping
+            return results
+
+    response, lines = asyncio.run(scenario())
+    assert response.status_code == 503
+    assert response.json()["error"] == {
+        "message": SHUTTING_DOWN,
+        "type": "server_error",
+        "param": None,
+        "code": "service_unavailable",
+    }
+    events = sse_events(lines)
+    assert events[-1]["error"]["message"] == SHUTTING_DOWN
+    assert fake.cancelled == 1 and fake.abandoned_streams == 1
+
+
+SERVE_SCRIPT = """
+import sys
+from spectot.server.app import serve
+
+class Backend:
+    name = "b"
+
+    def failure(self):
+        return None
+
+    async def complete(self, request):
+        raise NotImplementedError
+
+    async def stream(self, request):
+        raise NotImplementedError
+        yield
+
+    async def aclose(self):
+        with open(sys.argv[2], "w") as f:
+            f.write("closed")
+
+serve(Backend(), port=int(sys.argv[1]), log_level="warning", shutdown_grace=0.1)
+"""
+
+
+def test_sigterm_closes_the_backend(tmp_path) -> None:
+    """uvicorn hands a SIGTERM on to its default handler once it has shut down, which ended the process before
+    ``serve`` closed the backend (the local engine's worker was never joined)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    marker = tmp_path / "closed"
+    process = subprocess.Popen([sys.executable, "-c", SERVE_SCRIPT, str(port), str(marker)])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert marker.read_text() == "closed"
 
 
 # -- end to end on a tiny model ----------------------------------------------------------------------------------
@@ -561,6 +778,38 @@ def test_e2e_the_context_check_counts_the_bos_the_tokenizer_adds(tiny_llama) -> 
     usage = response.json()["usage"]
     assert usage["prompt_tokens"] == 4  # the BOS included
     assert usage["total_tokens"] <= 16
+
+
+def test_e2e_a_failed_engine_step_turns_health_to_503(tiny_llama, monkeypatch) -> None:
+    """The continuous engine's worker stops for good after a failed step: every later request failed with a 500
+    while /health said 200, so a load balancer kept sending work here."""
+    from spectot.backends.local import LocalEngineBackend
+    from spectot.models.loader import LoadedModel
+    from spectot.pipeline import Pipeline
+    from spectot.spec.decoding import DecodeSession
+
+    loaded = LoadedModel(tiny_llama(0), word_tokenizer(), name="tiny-llama", max_context=256, eos_token_ids=(3,))
+    backend = LocalEngineBackend.from_pipeline(Pipeline(loaded))
+    client = TestClient(create_app(backend))
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    try:
+        body = {"prompt": "w1 w2", "max_tokens": 4}
+        assert client.post("/v1/completions", json=body).status_code == 200
+        assert client.get("/health").status_code == 200 and backend.failure() is None
+        monkeypatch.setattr(DecodeSession, "verify", out_of_memory)
+        assert client.post("/v1/completions", json=body).status_code == 500  # the step that failed
+        monkeypatch.undo()
+        response = client.get("/health")
+        assert response.status_code == 503
+        assert "CUDA out of memory (injected)" in response.json()["error"]["message"]
+        assert "CUDA out of memory (injected)" in backend.failure()
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == 503 and response.json()["error"]["code"] == "service_unavailable"
+    finally:
+        asyncio.run(backend.aclose())
 
 
 def finish(generation) -> str:

@@ -12,6 +12,9 @@ generator, so the same request gives the same text however requests are batched 
 draft or a deterministic one (n-gram, a trained draft's top-token children). A sampling draft (an independent
 draft model, sampled tree children) draws on that generator as it drafts, so there the seed fixes the
 distribution, and the text depends on how the request was drafted.
+
+A backend also says whether it can still serve (``failure``: None while it can, else why not; the local
+engine's worker stops for good after a failed step), which ``spectot serve``'s ``/health`` reports.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class CompletionRequest:
     priority: int = 0  # lower runs first when the backend must queue (SPEX: primary 0, next 1, speculative 2)
     chat: bool = False  # the prompt is one user message: the backend applies the model's chat template
     live_priority: LivePriority | None = None  # where the owner may change ``priority`` while it runs
+    top_k: int = 0  # sample among the k likeliest tokens only (0 = off)
+    # ``prompt`` as this backend tokenises it (``spectot serve`` tokenises once, off its event loop, and every
+    # choice of the prompt reuses the ids); None: the backend tokenises ``prompt`` itself
+    prompt_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -67,6 +74,8 @@ class CompletionRequest:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
 
     @classmethod
     def make_dummy(cls, prompt: str = "1 + 1 =", max_tokens: int = 8) -> CompletionRequest:
@@ -98,6 +107,10 @@ class AsyncBackend(Protocol):
     def stream(self, request: CompletionRequest) -> AsyncIterator[str | Completion]:
         """The completion's text as it is generated, in pieces (a server's ``stream: true``), then the
         ``Completion`` itself (its text the pieces joined): how it finished and how many tokens it took."""
+        ...
+
+    def failure(self) -> str | None:
+        """None while the backend can serve requests; else why it cannot (every request would fail)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -3,14 +3,15 @@
 Requests from any number of coroutines (a search's producers, a server's clients) are submitted to
 one ``ContinuousEngine``, which batches every live request into shared target forwards and runs
 token-level speculative decoding inside each (``method="sd"`` with the pipeline's draft). Cancelling
-the awaiting task abandons the request: the engine frees its KV at its next step.
+the awaiting task abandons the request: the engine frees its KV at its next step. A failed engine step stops the
+engine for good: ``failure()`` says so from then on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
 from spectot.backends.base import Completion, CompletionRequest
@@ -44,6 +45,7 @@ class LocalEngineBackend:
         budget=None,
         fill_rows: int = 8,
         draft_priority: int | None = None,
+        num_draft_tokens: int = 5,
     ):
         """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``;
         ``draft_priority``: draft only for requests of this priority value or lower, at each step (0: primary ones,
@@ -59,6 +61,7 @@ class LocalEngineBackend:
             engine,
             pipe.target.tokenizer,
             method,
+            num_draft_tokens,
             name=alias,
             max_context=pipe.runner.max_context,
             chat_template=pipe.chat_template,
@@ -73,15 +76,22 @@ class LocalEngineBackend:
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[str | Completion]:
         """Text pieces as tokens are verified, then the ``Completion``; a piece that could still turn into a
-        stop string, or ends inside a multi-byte character, is held back until it cannot."""
+        stop string, or ends inside a multi-byte character, is held back until it cannot.
+
+        Each step decodes only a window of the newest tokens (``decode_increment``) and looks for stop strings
+        only where the new text could complete one, so a stream costs O(tokens), not O(tokens^2); the pieces
+        join to the ``Completion``'s text (decoded once, whole, as ``complete`` does)."""
         t = time.perf_counter()
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[list[int]] = asyncio.Queue()
         future = self._submit(request, lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids))
         done = asyncio.wrap_future(future)
         generated: list[int] = []
-        sent = 0
-        hold = max((len(s) for s in request.stop), default=1) - 1
+        prefix_offset = read_offset = 0  # decode_increment's window over ``generated``
+        text = ""  # the text of generated[:read_offset]
+        sent = 0  # characters of ``text`` yielded
+        longest_stop = max((len(s) for s in request.stop), default=1)
+        stopped = False  # ``text`` holds a stop string: the rest comes with the Completion, cut before it
         try:
             while True:
                 getter = asyncio.ensure_future(pieces.get())
@@ -90,9 +100,21 @@ class LocalEngineBackend:
                     getter.cancel()
                     break
                 generated += getter.result()
-                text = self._decode(generated)
-                safe = len(text) - hold
-                if safe > sent and not text[:safe].endswith("\ufffd") and not _has_stop(text, request.stop):
+                while not pieces.empty():
+                    generated += pieces.get_nowait()
+                if stopped:
+                    continue
+                new, prefix_offset, read_offset = decode_increment(self._decode, generated, prefix_offset, read_offset)
+                if not new:
+                    continue
+                # A stop string first found now ends in the new text: search the new text and what precedes it.
+                tail = text[max(0, len(text) - longest_stop + 1) :] + new
+                text += new
+                if _has_stop(tail, request.stop):
+                    stopped = True
+                    continue
+                safe = len(text) - (longest_stop - 1)  # the held characters could begin a stop string
+                if safe > sent:
                     yield text[sent:safe]
                     sent = safe
             result = await done
@@ -105,6 +127,12 @@ class LocalEngineBackend:
         finally:
             if not done.done():
                 done.cancel()
+
+    def failure(self) -> str | None:
+        """Why no request can run any more: the engine's worker stopped after a failed step (a CUDA error, out of
+        memory); None while it runs."""
+        error = self.engine.failure
+        return None if error is None else f"the engine stopped after a failed step: {error!r}"
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.engine.close)
@@ -125,6 +153,8 @@ class LocalEngineBackend:
 
     # -- text <-> tokens ---------------------------------------------------------------------------
     def encode(self, request: CompletionRequest) -> list[int]:
+        if request.prompt_ids is not None:  # tokenised by the caller with ``prompt_ids``
+            return list(request.prompt_ids)
         return self.prompt_ids(request.prompt, request.chat)
 
     def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
@@ -167,7 +197,9 @@ class LocalEngineBackend:
 
     def _config(self, request: CompletionRequest) -> DecodeConfig:
         greedy = request.temperature == 0
-        sampling = SamplingParams(do_sample=not greedy, temperature=request.temperature or 1.0, top_p=request.top_p)
+        sampling = SamplingParams(
+            do_sample=not greedy, temperature=request.temperature or 1.0, top_k=request.top_k, top_p=request.top_p
+        )
         return DecodeConfig(request.max_tokens, sampling, self.method, self.num_draft_tokens, request.stop)
 
     def _seed(self, request: CompletionRequest) -> int:
@@ -186,3 +218,23 @@ class LocalEngineBackend:
 
 def _has_stop(text: str, stop: Sequence[str]) -> bool:
     return any(s in text for s in stop)
+
+
+def decode_increment(
+    decode: Callable[[list[int]], str], ids: Sequence[int], prefix_offset: int, read_offset: int
+) -> tuple[str, int, int]:
+    """The text ``ids[read_offset:]`` adds to that of ``ids[:read_offset]``, decoding only ``ids[prefix_offset:]``
+    (vLLM's incremental detokenisation): returns (new text, prefix_offset, read_offset) for the next call, which
+    start at 0, 0.
+
+    The new text is the window's decode minus the decode of its first ``read_offset - prefix_offset`` tokens, so
+    what a tokenizer does at the start of a text (SentencePiece drops a leading space) cancels out. Nothing is
+    taken while the window's text ends in U+FFFD (a multi-byte character whose bytes have not all arrived).
+    Example with byte tokens, calls after each token: ["a"] -> ("a", 0, 1); ["a", 0xC3] -> ("", 0, 1) (the window
+    reads "a\ufffd"); ["a", 0xC3, 0xA9] -> ("é", 1, 3) (the window reads "aé", its first token "a").
+    """
+    before = decode(list(ids[prefix_offset:read_offset]))
+    window = decode(list(ids[prefix_offset:]))
+    if len(window) <= len(before) or window.endswith("\ufffd"):
+        return "", prefix_offset, read_offset
+    return window[len(before) :], read_offset, len(ids)

@@ -14,7 +14,8 @@ retry would double its work. Any other 4xx is the request's fault and raises ``O
 the server's message, as does a generation the server aborted (vLLM's finish reason "abort"). Cancellation:
 cancelling the awaiting task closes the HTTP connection mid-request (httpx closes a connection whose response
 was not read to the end), which is what makes vLLM and ``spectot serve`` abort the generation; ``stream()``
-closes its response when the consumer stops early.
+closes its response when the consumer stops early. A request's ``top_k``, which OpenAI's API lacks, is sent as
+vLLM's (and ``spectot serve``'s) extra body field.
 """
 
 from __future__ import annotations
@@ -213,6 +214,10 @@ class OpenAIBackend:
             seconds=time.perf_counter() - start,
         )
 
+    def failure(self) -> str | None:
+        """Always None: a server that fails is retried or skipped per request (see the module doc), never for good."""
+        return None
+
     async def aclose(self) -> None:
         for server in self._servers:
             await server.client.close()
@@ -350,8 +355,13 @@ class OpenAIBackend:
                 kwargs["logprobs"] = 1  # the sampled token's log-probability (and the top-1 alternative)
         if stream:
             kwargs["stream_options"] = {"include_usage": True}  # the Completion that ends a stream counts tokens
+        extra: dict[str, Any] = {}  # vLLM's fields beyond OpenAI's API
+        if request.top_k:
+            extra["top_k"] = request.top_k
         if self.forward_priority:
-            kwargs["extra_body"] = {"priority": request.priority}
+            extra["priority"] = request.priority
+        if extra:
+            kwargs["extra_body"] = extra
         return kwargs
 
     @staticmethod

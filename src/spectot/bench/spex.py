@@ -123,7 +123,12 @@ def run_bench_spex(
             # prefill work for every variant
             pipe.decoder.clear_prefix_caches()
             backend = LocalEngineBackend.from_pipeline(
-                pipe, method, name=model.target, fill_rows=tree.fill_rows, draft_priority=draft_priority(tree)
+                pipe,
+                method,
+                name=model.target,
+                fill_rows=tree.fill_rows,
+                draft_priority=draft_priority(tree),
+                num_draft_tokens=draft.num_draft_tokens,
             )
             options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
             size = _chunk_size(opts, queries, first)

@@ -267,9 +267,18 @@ def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> i
     if options.method == "sd" and draft.draft == "none":
         raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
-    backend = LocalEngineBackend.from_pipeline(pipe, options.method, options.max_streams, name=model.target)
+    backend = LocalEngineBackend.from_pipeline(
+        pipe, options.method, options.max_streams, name=model.target, num_draft_tokens=draft.num_draft_tokens
+    )
     print(f"spectot: serving {model.target} at http://{options.host}:{options.port}/v1", file=sys.stderr)
-    serve(backend, options.host, options.port, max_choices=options.max_choices)
+    serve(
+        backend,
+        options.host,
+        options.port,
+        max_choices=options.max_choices,
+        max_body_mb=options.max_body_mb,
+        shutdown_grace=options.shutdown_grace,
+    )
     return 0
 
 

@@ -116,6 +116,12 @@ class ContinuousEngine:
         future.add_done_callback(self._forget)
         return future
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the worker (a step that failed as a whole), or None while it serves (read under no lock:
+        a reference, set once)."""
+        return self._failure
+
     def reprioritize(self, future: Future[StreamResult], priority: int) -> None:
         """Move a queued or running request to ``priority``: its place in the admission order and whether it gets
         drafts (``draft_priority``) follow from the next step on (a prompt already being filled in chunks goes on

@@ -2,24 +2,48 @@
 
 ``create_app(backend)`` serves ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``,
 streamed (server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``) or not. A request with
-``n`` choices (times the prompts of a batched completion) becomes that many ``CompletionRequest``s, the j-th
-with ``seed + j`` when a seed is given; all requests, from all clients, are simply awaited concurrently and the
-backend batches them. A client that disconnects cancels its generations.
+``n`` choices (times the prompts of a batched completion) becomes that many ``CompletionRequest``s; all requests,
+from all clients, are simply awaited concurrently and the backend batches them. A client that disconnects
+cancels its generations.
+
+Seeds: with a ``seed``, a prompt's choice 0 is seeded ``seed`` itself (so a request for one completion samples
+what the backend samples in-process with that seed) and choice j >= 1 the seed ``stream_seeds(seed, "choice")``
+gives it, a hash of (seed, j): requests seeded 100 and 101 share no sample (with ``seed + j`` they shared n - 1).
+
+Sampling: a ``temperature`` below 1e-5 is greedy decoding (as vLLM: 1 / T would overflow the logits to NaN);
+``top_k`` (vLLM's extra field; 0 or -1: off) reaches the backend. vLLM's other sampling fields
+(``repetition_penalty``, ``min_p``, ``min_tokens``, ``ignore_eos``, ... see ``VLLM_NO_OP``) are refused with a
+400 when set to anything but their no-op value, rather than silently ignored; so are more than 16 stop strings,
+or one of more than 512 characters (the engine looks for each after every token).
+
+Each prompt is tokenised once, on a worker thread (a 6 MB prompt kept the event loop, and every other client,
+waiting seconds), and a backend that offers ``prompt_ids`` gets those ids with every choice instead of the text
+to tokenise again. A request body over ``max_body_mb`` is answered 413.
 
 Bad requests get OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid or
 unsupported parameters (pydantic's validation errors included, as vLLM does; an explicit ``null`` means the
 field's default, as in OpenAI's API), and for a ``ValueError`` the backend raises over a request (its fault:
-an empty or too long prompt, ...), 404 for an unknown model, 500 for any other failure of the backend.
+an empty or too long prompt, ...), 404 for an unknown model, 413 for a body over the limit, 500 for any other
+failure of the backend, and 503 once the backend can serve no more (``failure()``: the local engine's worker
+stopped after a failed step) or the server is shutting down.
+
+Health: ``GET /health`` is 200 while requests can be served, else 503 with an error body that says why (the
+backend's ``failure()``, or the shutdown), so a load balancer stops sending work to a server that would fail it.
+
+Shutdown (``serve``: SIGINT or SIGTERM): no new connection is taken; requests in flight run on for
+``shutdown_grace`` seconds, then each still running is cancelled and answered 503 with an error body (a stream
+ends with an in-band error event, then ``data: [DONE]``); then the backend is closed.
 
 Backends may offer, beyond the protocol: ``render_chat(messages) -> str`` (the chat template applied, so any
 conversation can be served; without it, only a single user message, passed on with ``chat=True``),
-``count_prompt_tokens(prompt, chat) -> int`` (the tokens the model is fed for a request's prompt, special tokens
-such as a BOS included), ``count_tokens(text) -> int`` (text alone: the prompt count of a backend without
-``count_prompt_tokens``, and streamed usage) and ``max_context`` (prompt-length checks).
+``prompt_ids(prompt, chat) -> list[int]`` (the ids the model is fed for a request's prompt, special tokens such
+as a BOS included: counted, and passed on as the request's ``prompt_ids``), ``count_prompt_tokens(prompt, chat)
+-> int`` (their number, for a backend without ``prompt_ids``), ``count_tokens(text) -> int`` (text alone: the
+prompt count of a backend without either, and streamed usage) and ``max_context`` (prompt-length checks).
 
-A streamed choice's ``finish_reason`` and token counts are those of the ``Completion`` that ends the backend's
-stream; for a backend whose stream ends without one, they are re-derived from the text with ``count_tokens``
-("length" when the text has ``max_tokens`` tokens). Streamed responses carry no logprobs (asking for both is
+A streamed choice's ``finish_reason`` and token counts (the prompt's too) are those of the ``Completion`` that
+ends the backend's stream; for a backend whose stream ends without one, they are re-derived from the text with
+``count_tokens`` ("length" when the text has ``max_tokens`` tokens). Streamed responses carry no logprobs (asking for both is
 refused). One request may ask for at most ``max_choices`` completions (prompts times ``n``).
 """
 
@@ -33,10 +57,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -49,11 +74,12 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
 
@@ -62,6 +88,38 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CHOICES = 256  # completions one request may ask for (prompts x n): OpenAI's n <= 128, and some room
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default, used when the backend's context length is unknown
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as vLLM takes (torch refuses seeds past 2**64 - 1)
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy decoding (vLLM's _SAMPLING_EPS): logits / 1e-45 overflow
+MAX_STOP_STRINGS = 16  # the engine looks for every stop string after every token of the request
+MAX_STOP_LENGTH = 512  # characters; a stop string also holds back that much streamed text
+DEFAULT_MAX_BODY_MB = 32.0  # the largest request body (a prompt of some 8M tokens); more is a 413
+DEFAULT_SHUTDOWN_GRACE = 5.0  # seconds requests in flight may run on after a shutdown signal; then they get a 503
+SHUTDOWN_MARGIN = 2.0  # seconds uvicorn waits past the grace period for those 503s to be written
+SHUTTING_DOWN = "the server is shutting down: send the request again (to another server)"
+
+# vLLM's sampling fields this server cannot honour, each with its value that changes nothing (null is the default
+# too): any other value is refused, as an unsupported parameter, rather than silently ignored.
+VLLM_NO_OP: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "stop_token_ids": [],
+    "bad_words": [],
+    "allowed_token_ids": None,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "prompt_logprobs": None,
+    "truncate_prompt_tokens": None,
+    "logits_processors": None,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "structured_outputs": None,
+}
 
 
 # -- errors ------------------------------------------------------------------------------------------------------
@@ -128,12 +186,16 @@ class StreamOptions(OpenAIBody):
 
 
 class SamplingBody(OpenAIBody):
-    """What completions and chat completions share; unknown fields are ignored, as vLLM does."""
+    """What completions and chat completions share; unknown fields are ignored, as vLLM does, but kept
+    (``model_extra``): vLLM's sampling fields set to what this server cannot do are refused (``VLLM_NO_OP``)."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None  # None: the served model
     max_tokens: StrictInt | None = Field(None, ge=1)  # None: the rest of the context (16 when unknown)
-    temperature: StrictFloat = Field(1.0, ge=0.0)
+    temperature: StrictFloat = Field(1.0, ge=0.0)  # below GREEDY_BELOW: greedy
     top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(0, ge=-1)  # vLLM's: the k likeliest tokens only; 0 or -1: off
     n: StrictInt = Field(1, ge=1, le=128)
     stop: NonEmptyStr | list[NonEmptyStr] | None = None  # "" would match at once: every output empty
     seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
@@ -143,14 +205,16 @@ class SamplingBody(OpenAIBody):
     frequency_penalty: StrictFloat = 0.0
     logit_bias: dict[str, StrictFloat] | None = None
 
-    @field_validator("seed")
+    @field_validator("stop")
     @classmethod
-    def every_choice_seed_fits(cls, seed: int | None, info: ValidationInfo) -> int | None:
-        """The j-th of ``n`` choices is seeded ``seed + j``: the last one must fit in 64 bits too."""
-        n = info.data.get("n")
-        if seed is not None and n is not None and seed + n - 1 > SEED_MAX:
-            raise ValueError(f"seed + n - 1 must be at most {SEED_MAX} (choice j is seeded seed + j): lower the seed")
-        return seed
+    def stop_strings_are_few_and_short(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are taken, got {len(strings)}")
+        longest = max(strings, key=len, default="")
+        if len(longest) > MAX_STOP_LENGTH:
+            raise ValueError(f"a stop string may have at most {MAX_STOP_LENGTH} characters, got one of {len(longest)}")
+        return stop
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -164,6 +228,11 @@ class SamplingBody(OpenAIBody):
             return param, f"{param} is not supported (only 0)"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported"
+        extra = self.model_extra or {}
+        for name, no_op in VLLM_NO_OP.items():
+            value = extra.get(name)
+            if value is not None and value != no_op:
+                return name, f"{name} is not supported (only {json.dumps(no_op)}, which changes nothing)"
         return None
 
 
@@ -226,6 +295,16 @@ class ChatBody(SamplingBody):
 
 # -- planning: bodies -> backend requests ---------------------------------------------------------------------
 @dataclass(frozen=True)
+class Prompt:
+    """One prompt as planned: its text (or rendered chat), and what the backend could tell of its tokens."""
+
+    text: str
+    chat: bool  # a lone user message the backend puts through its chat template
+    tokens: int | None  # the tokens the model is fed, when the backend can count them
+    ids: tuple[int, ...] | None  # those tokens, when the backend offers ``prompt_ids``: every choice reuses them
+
+
+@dataclass(frozen=True)
 class Plan:
     """The backend requests of one HTTP request: choice i = prompt i // n, sample i % n."""
 
@@ -240,29 +319,34 @@ def check_model(backend: AsyncBackend, model: str | None) -> None:
         raise ApiError(404, message, "model", "model_not_found")
 
 
-def prompt_tokens(backend: AsyncBackend, prompt: str, chat: bool, seen: str | None) -> int | None:
-    """The tokens the model is fed for the request ``(prompt, chat)``: the backend's own count where it offers one
-    (``count_prompt_tokens``: a BOS its tokenizer adds included), else ``count_tokens`` of ``seen``, the prompt as
-    the model sees it; None when neither is known."""
+def tokenise(backend: AsyncBackend, text: str, chat: bool, seen: str | None) -> Prompt:
+    """The request ``(text, chat)`` as the model is fed it: the backend's own ids where it offers ``prompt_ids`` (a
+    BOS its tokenizer adds included), else its count (``count_prompt_tokens``, else ``count_tokens`` of ``seen``,
+    the prompt as the model sees it); neither when the backend can tell neither. Blocking: run it off the loop."""
+    ids: Callable[[str, bool], list[int]] | None = getattr(backend, "prompt_ids", None)
+    if ids is not None:
+        fed = tuple(ids(text, chat))
+        return Prompt(text, chat, len(fed), fed)
     exact: Callable[[str, bool], int] | None = getattr(backend, "count_prompt_tokens", None)
     if exact is not None:
-        return exact(prompt, chat)
+        return Prompt(text, chat, exact(text, chat), None)
     count: Callable[[str], int] | None = getattr(backend, "count_tokens", None)
-    return count(seen) if count is not None and seen is not None else None
+    return Prompt(text, chat, count(seen) if count is not None and seen is not None else None, None)
 
 
-def token_budget(
-    backend: AsyncBackend, tokens: int | None, max_tokens: int | None, field: str
-) -> tuple[int | None, int]:
-    """(prompt tokens, max_tokens to ask for) of one prompt of ``tokens`` tokens, checked against the backend's
-    context length.
+def token_budget(backend: AsyncBackend, prompt: Prompt, max_tokens: int | None, field: str, where: str) -> int:
+    """The max_tokens to ask for with ``prompt`` (``where``: how the error names it, "prompt 2"), checked against
+    the backend's context length; a prompt of no tokens at all is refused (the model has nothing to continue).
 
-    With ``tokens`` None (unknown) nothing is checked; without ``max_tokens`` the completion may fill the rest of
-    the context (vLLM's default), or 16 tokens when the context length is unknown.
+    With its tokens unknown nothing is checked; without ``max_tokens`` the completion may fill the rest of the
+    context (vLLM's default), or 16 tokens when the context length is unknown.
     """
+    tokens = prompt.tokens
+    if tokens == 0:
+        raise ApiError(400, f"{where} has no tokens (whitespace only?): give the model text to continue", field)
     max_context: int | None = getattr(backend, "max_context", None)
     if tokens is None or max_context is None:
-        return tokens, max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+        return max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     budget = max_tokens if max_tokens is not None else max(1, max_context - tokens)
     if tokens + budget > max_context:
         raise ApiError(
@@ -273,7 +357,7 @@ def token_budget(
             field,
             "context_length_exceeded",
         )
-    return tokens, budget
+    return budget
 
 
 def check_choices(prompts: int, n: int, max_choices: int) -> None:
@@ -287,41 +371,56 @@ def check_choices(prompts: int, n: int, max_choices: int) -> None:
         )
 
 
-def plan(
-    prompts: Sequence[str], budgets: Sequence[tuple[int | None, int]], body: SamplingBody, logprobs: bool, chat: bool
-) -> Plan:
-    """Each prompt ``n`` times, the j-th sample seeded ``seed + j``."""
+def choice_seeds(seed: int | None, n: int) -> list[int | None]:
+    """The seeds of a prompt's ``n`` choices (see the module doc): ``seed`` itself, then choice j's hash of
+    (seed, j); all None without a seed (the backend picks them)."""
+    if seed is None:
+        return [None] * n
+    from spectot.spec.decoding import stream_seeds  # torch comes with it: loaded by the first seeded request
+
+    return [seed, *stream_seeds(seed, "choice", n=n - 1, first=1)]
+
+
+def plan(prompts: Sequence[Prompt], budgets: Sequence[int], body: SamplingBody, logprobs: bool) -> Plan:
+    """Each prompt ``n`` times, seeded by ``choice_seeds``."""
+    temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
+    seeds = choice_seeds(body.seed, body.n)
     requests: list[CompletionRequest] = []
-    for prompt, (_, max_tokens) in zip(prompts, budgets):
-        for j in range(body.n):
+    for prompt, max_tokens in zip(prompts, budgets):
+        for seed in seeds:
             try:
                 requests.append(
                     CompletionRequest(
-                        prompt,
+                        prompt.text,
                         max_tokens=max_tokens,
-                        temperature=body.temperature,
+                        temperature=temperature,
                         top_p=body.top_p,
+                        top_k=max(body.top_k, 0),
                         stop=body.stop_strings(),
-                        seed=body.seed + j if body.seed is not None else None,
+                        seed=seed,
                         logprobs=logprobs,
-                        chat=chat,
+                        chat=prompt.chat,
+                        prompt_ids=prompt.ids,
                     )
                 )
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from exc
-    return Plan(requests, [tokens for tokens, _ in budgets], body.n)
+    return Plan(requests, [p.tokens for p in prompts], body.n)
 
 
 def plan_completion(backend: AsyncBackend, body: CompletionBody, max_choices: int = DEFAULT_MAX_CHOICES) -> Plan:
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    check_choices(len(prompts), body.n, max_choices)  # before any prompt is tokenised
-    budgets = [token_budget(backend, prompt_tokens(backend, p, False, p), body.max_tokens, "prompt") for p in prompts]
-    return plan(prompts, budgets, body, body.logprobs is not None, chat=False)
+    """Blocking (it tokenises every prompt): run it off the event loop."""
+    texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    check_choices(len(texts), body.n, max_choices)  # before any prompt is tokenised
+    prompts = [tokenise(backend, text, False, text) for text in texts]
+    budgets = [token_budget(backend, p, body.max_tokens, "prompt", f"prompt {i}") for i, p in enumerate(prompts)]
+    return plan(prompts, budgets, body, body.logprobs is not None)
 
 
 def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
     """A lone user message goes to the backend with ``chat=True`` (it applies its chat template to token ids,
-    exactly as ``Pipeline.encode`` does); any other conversation is rendered to text with ``render_chat``."""
+    exactly as ``Pipeline.encode`` does); any other conversation is rendered to text with ``render_chat``.
+    Blocking (it renders and tokenises): run it off the event loop."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     render: Callable[[list[dict]], str] | None = getattr(backend, "render_chat", None)
     rendered: str | None = None
@@ -331,9 +430,9 @@ def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
         except Exception as exc:  # a template's own refusal (roles must alternate, ...) is the request's fault
             raise ApiError(400, f"cannot apply the chat template to these messages: {exc}", "messages") from exc
     if len(messages) == 1 and messages[0]["role"] == "user":
-        prompt, chat = messages[0]["content"], True
+        text, chat = messages[0]["content"], True
     elif rendered is not None:
-        prompt, chat = rendered, False
+        text, chat = rendered, False
     else:
         raise ApiError(
             400,
@@ -342,8 +441,10 @@ def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
             "messages",
         )
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    tokens = prompt_tokens(backend, prompt, chat, rendered)
-    return plan([prompt], [token_budget(backend, tokens, max_tokens, "messages")], body, body.logprobs, chat)
+    prompt = tokenise(backend, text, chat, rendered)
+    return plan(
+        [prompt], [token_budget(backend, prompt, max_tokens, "messages", "the conversation")], body, body.logprobs
+    )
 
 
 def refuse_unsupported(body: SamplingBody) -> None:
@@ -353,9 +454,11 @@ def refuse_unsupported(body: SamplingBody) -> None:
 
 
 def generation_error(exc: Exception) -> ApiError:
-    """A failed generation's answer: a ``ValueError`` is the backend finding the request at fault (400, with its
-    message), as is an upstream server's 4xx passed on by a remote backend (its ``status``, e.g. a vLLM behind the
-    OpenAI backend); anything else is the server's fault (500)."""
+    """A failed generation's answer: an ``ApiError`` is its own (a shutdown's 503), a ``ValueError`` is the backend
+    finding the request at fault (400, with its message), as is an upstream server's 4xx passed on by a remote
+    backend (its ``status``, e.g. a vLLM behind the OpenAI backend); anything else is the server's fault (500)."""
+    if isinstance(exc, ApiError):
+        return exc
     if isinstance(exc, ValueError):
         return ApiError(400, str(exc))
     status = getattr(exc, "status", None)
@@ -365,7 +468,42 @@ def generation_error(exc: Exception) -> ApiError:
     return ApiError(500, f"generation failed: {exc}")
 
 
-# -- running: concurrently, until done or the client leaves --------------------------------------------------
+# -- running: concurrently, until done, the client leaves or the server shuts down ----------------------------
+class Shutdown:
+    """The server's shutdown as its requests see it: ``begin(grace)`` when it starts; ``grace`` seconds later the
+    requests still running are cut: each is cancelled and answered 503 (a stream: an error event, then
+    ``data: [DONE]``) before uvicorn would cancel it into a bare 500. ``cut()`` is a future of the running loop
+    that resolves then (at once when the cut has come)."""
+
+    def __init__(self) -> None:
+        self.began = False
+        self._over = False
+        self._waiting: set[asyncio.Future[None]] = set()
+
+    def begin(self, grace: float) -> None:
+        """Call on the serving loop."""
+        self.began = True
+        asyncio.get_running_loop().call_later(grace, self._cut_all)
+
+    @contextlib.contextmanager
+    def cut(self) -> Iterator[asyncio.Future[None]]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._over:
+            future.set_result(None)
+        self._waiting.add(future)
+        try:
+            yield future
+        finally:
+            self._waiting.discard(future)
+            future.cancel()
+
+    def _cut_all(self) -> None:
+        self._over = True
+        for future in self._waiting:
+            if not future.done():
+                future.set_result(None)
+
+
 async def complete_all(backend: AsyncBackend, requests: Sequence[CompletionRequest]) -> list[Completion]:
     """All completions at once; the first failure cancels the rest and is raised."""
     try:
@@ -382,27 +520,30 @@ async def wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def unless_disconnected(request: Request, work: asyncio.Task) -> bool:
-    """Await ``work``; cancel it and return False if the client disconnects first."""
+async def settle(request: Request, work: asyncio.Task, cut: asyncio.Future[None]) -> Literal["done", "left", "cut"]:
+    """Await ``work``, unless the client disconnects ("left") or the server's shutdown cuts it ("cut") first: then
+    it is cancelled, and the backend has let go of it when this returns."""
     watch = asyncio.create_task(wait_for_disconnect(request))
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, watch, cut}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
         if not work.done():
             work.cancel()
-            await asyncio.wait({work})  # the backend has let go of the request when this returns
-    return not work.cancelled()
+            await asyncio.wait({work})
+    if not work.cancelled():
+        return "done"
+    return "cut" if cut.done() and not cut.cancelled() else "left"
 
 
 StreamEvent = str | Completion | None  # a piece of text, the choice's Completion, or None: the choice has ended
 
 
 async def stream_all(
-    backend: AsyncBackend, requests: Sequence[CompletionRequest]
+    backend: AsyncBackend, requests: Sequence[CompletionRequest], cut: asyncio.Future[None]
 ) -> AsyncIterator[tuple[int, StreamEvent]]:
     """(choice, event) from all streams as they arrive: its text pieces, its ``Completion`` (when the backend
-    gives one) and, once the choice has ended, None.
+    gives one) and, once the choice has ended, None. ``cut`` resolving (the shutdown) raises a 503 ``ApiError``.
 
     Closing this iterator (or cancelling its consumer) cancels every stream still running.
     """
@@ -422,6 +563,11 @@ async def stream_all(
             if aclose is not None:
                 await aclose()
 
+    def on_cut(future: asyncio.Future[None]) -> None:
+        if not future.cancelled():
+            queue.put_nowait((-1, None, ApiError(503, SHUTTING_DOWN)))
+
+    cut.add_done_callback(on_cut)
     tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
     try:
         running = len(tasks)
@@ -432,10 +578,54 @@ async def stream_all(
             running -= piece is None
             yield index, piece
     finally:
+        cut.remove_done_callback(on_cut)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body of more than ``max_bytes`` is answered 413 with OpenAI's error body before the
+    app sees it, by its Content-Length before any of it is read, else once the bytes received pass the limit. A
+    body within it is read whole and handed on (FastAPI reads it whole anyway)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self.refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending the whole body
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self.refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay() -> Message:  # the body once, then what the client sends next (its disconnect)
+            return body.pop() if body else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        megabytes = self.max_bytes / 2**20
+        message = f"the request body is larger than this server takes ({megabytes:g} MB, --max-body-mb)"
+        error = ApiError(413, message, code="request_too_large")
+        await JSONResponse(error.body(), status_code=413)(scope, receive, send)
 
 
 # -- responses -------------------------------------------------------------------------------------------------
@@ -492,7 +682,7 @@ def streamed_ending(backend: AsyncBackend, text: str, max_tokens: int, ending: C
 
 
 async def stream_events(
-    backend: AsyncBackend, work: Plan, chat: bool, include_usage: bool, header: dict[str, Any]
+    backend: AsyncBackend, work: Plan, chat: bool, include_usage: bool, header: dict[str, Any], shutdown: Shutdown
 ) -> AsyncIterator[str]:
     """The server-sent events of a streamed request, in OpenAI's chunk format, ending with ``data: [DONE]``."""
 
@@ -506,24 +696,30 @@ async def stream_events(
             opening = {"role": "assistant", "content": ""}
             yield chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
     try:
-        async with contextlib.aclosing(stream_all(backend, work.requests)) as pieces:
-            async for index, event in pieces:
-                if isinstance(event, Completion):
-                    endings[index] = event
-                    continue
-                if event is not None:
-                    texts[index] += event
-                    part = {"delta": {"content": event}} if chat else {"text": event}
-                    yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": None}])
-                    continue
-                reason, _ = streamed_ending(backend, texts[index], work.requests[index].max_tokens, endings[index])
-                part = {"delta": {}} if chat else {"text": ""}
-                yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
+        with shutdown.cut() as cut:
+            async with contextlib.aclosing(stream_all(backend, work.requests, cut)) as pieces:
+                async for index, event in pieces:
+                    if isinstance(event, Completion):
+                        endings[index] = event
+                        continue
+                    if event is not None:
+                        texts[index] += event
+                        part = {"delta": {"content": event}} if chat else {"text": event}
+                        yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": None}])
+                        continue
+                    max_tokens = work.requests[index].max_tokens
+                    reason, _ = streamed_ending(backend, texts[index], max_tokens, endings[index])
+                    part = {"delta": {}} if chat else {"text": ""}
+                    yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
     except Exception as exc:  # the status line is sent: report in-band, as vLLM does
         yield sse(generation_error(exc).body())
     else:
         if include_usage:
-            prompt = sum(t or 0 for t in work.prompt_tokens)
+            # each prompt once, counted as its first choice's Completion says (as non-streamed usage), else as planned
+            prompt = sum(
+                ending.prompt_tokens if ending is not None else counted or 0
+                for counted, ending in zip(work.prompt_tokens, endings[:: work.n])
+            )
             completion = sum(
                 streamed_ending(backend, t, r.max_tokens, e)[1] for t, r, e in zip(texts, work.requests, endings)
             )
@@ -532,12 +728,31 @@ async def stream_events(
 
 
 # -- the app ---------------------------------------------------------------------------------------------------
-def create_app(backend: AsyncBackend, max_choices: int = DEFAULT_MAX_CHOICES) -> FastAPI:
-    """The OpenAI-compatible API over ``backend``; the caller owns the backend (``serve`` closes it).
-    ``max_choices``: the most completions one request may ask for (its prompts times ``n``)."""
+def create_app(
+    backend: AsyncBackend,
+    max_choices: int = DEFAULT_MAX_CHOICES,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    owns_backend: bool = False,
+) -> FastAPI:
+    """The OpenAI-compatible API over ``backend``. ``max_choices``: the most completions one request may ask for
+    (its prompts times ``n``); ``max_body_mb``: the largest request body (MB of 2**20 bytes); ``owns_backend``: the
+    app closes the backend when the server shuts down (``serve``), else the caller does.
+
+    ``app.state.shutdown`` is the app's ``Shutdown``: a ``GracefulServer`` begins it."""
     if max_choices < 1:
         raise ValueError(f"max_choices must be >= 1, got {max_choices}")
-    app = FastAPI(title="spectot", summary="OpenAI-compatible completions over a spectot backend")
+    if not max_body_mb > 0:
+        raise ValueError(f"max_body_mb must be > 0, got {max_body_mb}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_backend:  # after the shutdown's requests have ended
+            await backend.aclose()
+
+    app = FastAPI(title="spectot", summary="OpenAI-compatible completions over a spectot backend", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20))
+    shutdown = app.state.shutdown = Shutdown()
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -553,8 +768,18 @@ def create_app(backend: AsyncBackend, max_choices: int = DEFAULT_MAX_CHOICES) ->
         error = ApiError(exc.status_code, str(exc.detail))
         return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
+    def unavailable() -> str | None:
+        """Why no request can be served now, or None."""
+        return SHUTTING_DOWN if shutdown.began else backend.failure()
+
+    def check_available() -> None:
+        why = unavailable()
+        if why is not None:
+            raise ApiError(503, why, code="service_unavailable")
+
     @app.get("/health")
     async def health() -> Response:
+        check_available()
         return Response(status_code=200)
 
     @app.get("/v1/models")
@@ -583,12 +808,16 @@ def create_app(backend: AsyncBackend, max_choices: int = DEFAULT_MAX_CHOICES) ->
         }
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = stream_events(backend, work, chat, include_usage, header)
+            events = stream_events(backend, work, chat, include_usage, header, shutdown)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         task = asyncio.create_task(complete_all(backend, work.requests))
-        if not await unless_disconnected(request, task):
+        with shutdown.cut() as cut:
+            outcome = await settle(request, task, cut)
+        if outcome == "left":
             logger.info("client left: cancelled %d request(s)", len(work.requests))
             return Response(status_code=499)
+        if outcome == "cut":
+            raise ApiError(503, SHUTTING_DOWN, code="service_unavailable")
         try:
             completions = task.result()
         except Exception as exc:
@@ -599,58 +828,80 @@ def create_app(backend: AsyncBackend, max_choices: int = DEFAULT_MAX_CHOICES) ->
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, request: Request) -> Response | dict[str, Any]:
+        check_available()
         check_model(backend, body.model)
         refuse_unsupported(body)
-        work = plan_completion(backend, body, max_choices)
+        work = await asyncio.to_thread(plan_completion, backend, body, max_choices)
         return await respond(request, work, False, body, body.logprobs is not None)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatBody, request: Request) -> Response | dict[str, Any]:
+        check_available()
         check_model(backend, body.model)
         refuse_unsupported(body)
         check_choices(1, body.n, max_choices)
-        return await respond(request, plan_chat(backend, body), True, body, body.logprobs)
+        work = await asyncio.to_thread(plan_chat, backend, body)
+        return await respond(request, work, True, body, body.logprobs)
 
     return app
 
 
 # -- serving ---------------------------------------------------------------------------------------------------
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown gives the app's requests in flight ``grace`` seconds and then cuts them (the
+    app's ``Shutdown``: a 503 each), before uvicorn's own deadline (``SHUTDOWN_MARGIN`` later) would cancel them
+    into bare 500s. An app without a ``Shutdown`` gets uvicorn's plain shutdown after the same grace."""
+
+    def __init__(self, app: FastAPI, grace: float = DEFAULT_SHUTDOWN_GRACE, **config: Any) -> None:
+        if not grace >= 0:
+            raise ValueError(f"the shutdown grace must be >= 0 seconds, got {grace}")
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=grace + SHUTDOWN_MARGIN, **config))
+        self.grace = grace
+        self.requests: Shutdown | None = getattr(app.state, "shutdown", None)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.requests is not None:
+            self.requests.begin(self.grace)
+        await super().shutdown(sockets)
+
+
 def serve(
     backend: AsyncBackend,
     host: str = "127.0.0.1",
     port: int = 8000,
     log_level: str = "info",
     max_choices: int = DEFAULT_MAX_CHOICES,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
 ) -> None:
-    """Serve ``backend`` until interrupted (blocking), then close it."""
-    import uvicorn
-
-    app = create_app(backend, max_choices)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
-
-    async def run() -> None:
-        try:
-            await server.serve()
-        finally:
-            await backend.aclose()
-
-    asyncio.run(run())
+    """Serve ``backend`` until SIGINT or SIGTERM (blocking); requests in flight then get ``shutdown_grace`` seconds
+    (see the module doc) and the backend is closed: by the app's lifespan, before uvicorn hands the signal on to
+    its default handler (which ends the process on a SIGTERM)."""
+    app = create_app(backend, max_choices, max_body_mb, owns_backend=True)
+    server = GracefulServer(app, shutdown_grace, host=host, port=port, log_level=log_level)
+    asyncio.run(server.serve())
 
 
 class BackgroundServer:
     """An app served by uvicorn on a thread of its own (tests, notebooks): ``with BackgroundServer(app) as s: s.url``.
 
     ``port=0`` takes a free port; the socket is bound before the thread starts, so ``url`` is valid at once.
+    ``stop()`` shuts down as ``serve`` does on a signal, requests in flight getting ``shutdown_grace`` seconds.
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        import uvicorn
-
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        shutdown_grace: float = 0.0,
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = self._socket.getsockname()[:2]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
+        self._server = GracefulServer(app, shutdown_grace, log_level=log_level)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     @property
