@@ -393,7 +393,7 @@ def test_fold_holds_a_unit_for_each_expansion_a_rollout_runs_at_once() -> None:
 def test_a_promoted_fold_rollout_raises_its_running_step_to_primary() -> None:
     config = TreeSearchConfig("rstar", budget=12, max_children=3, dfs_speculation="fold")
     promoted = []
-    for seed in range(8):  # toy trees: a selection reaches a running speculative rollout in some
+    for seed in range(24):  # toy trees and latencies: a selection reaches a running speculative rollout in some
         _, _, backend = run(
             mcts_search, lambda e: Explorer(e, SharedBudget(k_total=3)), config, seed=seed, run_seed=seed
         )
