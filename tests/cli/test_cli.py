@@ -169,7 +169,7 @@ def test_train_draft_ablation_flag_turns_hidden_states_off(tmp_path) -> None:
 def test_generate_out_appends_batches_and_resumes_after_a_kill(capsys, checkpoint, tmp_path) -> None:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"question": f"w{i} w{i + 1} w{i}"}) + "\n" for i in range(1, 6)))
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "new" / "out.jsonl"  # its folder is made
     argv = ["generate", "--target", str(checkpoint), "--dtype", "fp32", "--no-chat-template"]
     argv += ["--prompts", str(prompts), "--method", "ar", "--max-new-tokens", "6", "--batch-size", "2"]
     argv += ["--out", str(out)]

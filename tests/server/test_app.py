@@ -961,3 +961,18 @@ def test_stress_concurrent_clients(tiny) -> None:
     counts = asyncio.run(stress(server.url, "tiny-llama", texts, seconds=seconds))
     assert counts["answered"] == counts["sent"]
     assert all(n > 0 for n in counts["answered"]), counts
+
+
+def test_the_listening_socket_is_bound_before_serving() -> None:
+    """`serve` printed --port as given (0 printed :0) and a busy port ended in uvicorn's own error after the model
+    loaded; it now binds first: the real port, or a ValueError naming the address."""
+    from spectot.server.app import bind
+
+    first = bind("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        assert port > 0
+        with pytest.raises(ValueError, match=f"cannot listen at 127.0.0.1:{port}"):
+            bind("127.0.0.1", port)
+    finally:
+        first.close()

@@ -262,19 +262,22 @@ def _tree_solve(args: argparse.Namespace) -> int:
 def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> int:
     from spectot.backends.local import LocalEngineBackend
     from spectot.pipeline import Pipeline
-    from spectot.server.app import serve
+    from spectot.server.app import bind, serve
 
     if options.method == "sd" and draft.draft == "none":
         raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")
+    listening = bind(options.host, options.port)  # before the model: a busy port fails at once, and the address
+    port = listening.getsockname()[1]  # printed is the one served (port 0 too)
     pipe = Pipeline.from_options(model, draft if options.method == "sd" else DraftOptions(draft="none"))
     backend = LocalEngineBackend.from_pipeline(
         pipe, options.method, options.max_streams, name=model.target, num_draft_tokens=draft.num_draft_tokens
     )
-    print(f"spectot: serving {model.target} at http://{options.host}:{options.port}/v1", file=sys.stderr)
+    print(f"spectot: serving {model.target} at http://{options.host}:{port}/v1", file=sys.stderr)
     serve(
         backend,
         options.host,
-        options.port,
+        port,
+        sock=listening,
         max_choices=options.max_choices,
         max_body_mb=options.max_body_mb,
         shutdown_grace=options.shutdown_grace,
@@ -326,6 +329,7 @@ def _generate(args: argparse.Namespace) -> int:
     if options.out:
         from spectot.data.jsonl import resume_outputs
 
+        Path(options.out).parent.mkdir(parents=True, exist_ok=True)
         done = resume_outputs(options.out, prompts)
         _check_generation_run(options.out, model, sampling, options, draft, done)
         if done == len(prompts):

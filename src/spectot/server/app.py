@@ -873,13 +873,32 @@ def serve(
     max_choices: int = DEFAULT_MAX_CHOICES,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve ``backend`` until SIGINT or SIGTERM (blocking); requests in flight then get ``shutdown_grace`` seconds
+    """Serve ``backend`` until SIGINT or SIGTERM (blocking), on ``sock`` if given (``bind``), else at (host, port);
+    requests in flight then get ``shutdown_grace`` seconds
     (see the module doc) and the backend is closed: by the app's lifespan, before uvicorn hands the signal on to
     its default handler (which ends the process on a SIGTERM)."""
     app = create_app(backend, max_choices, max_body_mb, owns_backend=True)
     server = GracefulServer(app, shutdown_grace, host=host, port=port, log_level=log_level)
-    asyncio.run(server.serve())
+    listening = bind(host, port) if sock is None else sock
+    asyncio.run(server.serve(sockets=[listening]))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket at (host, port) (port 0: one the OS picks; ``getsockname()`` tells which), bound
+    before the server starts so the caller can say where it serves, or a ValueError naming the address (a busy
+    port, an address this machine does not have)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as err:
+        listening.close()
+        raise ValueError(f"cannot listen at {host}:{port}: {err.strerror or err}") from None
+    listening.listen(2048)
+    return listening
 
 
 class BackgroundServer:
