@@ -242,3 +242,15 @@ def test_tree_measure_refuses_what_would_measure_nothing(capsys, checkpoint, tmp
     assert code != 0 and "drafts a chain" in err
     code, _, err = run(capsys, *argv, "--field", "q", "--draft", "edd", "--offset", "5")
     assert code != 0 and "no prompts from --offset 5" in err
+
+
+def test_verbose_is_taken_after_the_subcommand_too() -> None:
+    from spectot.cli.main import build_parser
+
+    parser = build_parser()
+    assert [parser.parse_args(argv).verbose for argv in (["models"], ["-v", "models"], ["models", "-v"])] == [
+        False,
+        True,
+        True,
+    ]
+    assert parser.parse_args(["tree", "sequoia", "--acceptance", "0.5", "-v"]).verbose

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and library details")
     commands = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(verbose=False)
 
     gen = commands.add_parser("generate", help="generate text with ar or speculative decoding")
     for cls in (ModelOptions, DraftOptions, SamplingOptions, GenerateOptions):
@@ -100,7 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_spex = bench_commands.add_parser("spex", help="SPEX's table: REBASE / rStar +- SPEX +- SD, queries in flight")
     for cls in (ModelOptions, DraftOptions, TreeSearchOptions, ThoughtSampling, BenchSpexOptions):
         add_flags(bench_spex, cls)
+    _verbose_everywhere(parser)
     return parser
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """-v after a subcommand too (`spectot generate -v ...`); SUPPRESS keeps a -v given before it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.add_argument(
+                    "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as spectot -v"
+                )
+                _verbose_everywhere(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
