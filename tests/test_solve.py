@@ -180,3 +180,14 @@ def test_the_tree_searches_local_backend_drafts_the_tokens_asked(tiny_checkpoint
         assert backend.num_draft_tokens == 2
     finally:
         backend.engine.close()
+
+
+def test_a_problem_too_long_for_the_context_is_named(tiny_checkpoint, tmp_path) -> None:
+    """The engine's error named "prompt 0" of a level: which problem, the user could not tell."""
+    data = tmp_path / "long.jsonl"
+    lines = [{"question": "w1 w2", "answer": "#### 3"}, {"question": " ".join(["w5"] * 5000), "answer": "#### 4"}]
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    options = SolveOptions(task="gsm8k", data=str(data), limit=2, engine="ar")
+    with pytest.raises(ValueError, match=r"problem 2: .*tokens"):
+        run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options)

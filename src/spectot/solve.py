@@ -155,7 +155,10 @@ def run_solve(
 
     def solve(problem: Problem) -> dict:
         t = time.perf_counter()
-        result = tot_bfs(task, problem, policy, bfs_config(search))
+        try:
+            result = tot_bfs(task, problem, policy, bfs_config(search))
+        except ValueError as err:  # a prompt past the context, say: name the problem it came from
+            raise ValueError(f"problem {problem.id}: {err}") from err
         return {
             **result.to_dict(),
             "question": problem.question,
