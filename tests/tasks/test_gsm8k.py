@@ -176,5 +176,5 @@ def test_final_state_answer_and_grade() -> None:
     assert task.is_final(problem, full) and task.final_answer(problem, (*early, "nothing")) == "2"
     assert task.final_answer(problem, ("nothing",)) == ""
     assert task.grade(problem, "5.0") == 1.0 and task.grade(problem, "6") == 0.0 and task.grade(problem, "") == 0.0
-    with pytest.raises(ValueError, match="depth >= 2"):
+    with pytest.raises(ValueError, match="--depth 1: GSM8K.s search needs >= 2 steps"):
         Gsm8kTask(depth=1)

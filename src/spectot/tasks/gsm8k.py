@@ -194,7 +194,7 @@ class Gsm8kTask(Task):
 
     def __init__(self, depth: int = 4, max_step_tokens: int = 96) -> None:
         if depth < 2:
-            raise ValueError(f"depth={depth}: use depth >= 2 (at least one sub-question and the final answer)")
+            raise ValueError(f"--depth {depth}: GSM8K's search needs >= 2 steps (a sub-question, then the answer)")
         self.depth = depth
         self.max_step_tokens = max_step_tokens
 
