@@ -977,6 +977,12 @@ class BenchTotOptions:
 DRAFTLESS_ENGINES = ("ar", "batched-ar", "hf-batched-ar", "continuous-ar")
 
 
+def is_draft_decoder(draft: str) -> bool:
+    """Whether ``--draft`` names one of spectot's draft decoders (edd, vdm, a `spectot train-draft` folder): the drafts
+    that grow trees (a plain draft model drafts a chain)."""
+    return draft in ("edd", "vdm") or (Path(draft).expanduser() / "draft.json").is_file()
+
+
 def check_draft(draft: DraftOptions) -> None:
     """Draft flags a user gave that would be ignored (engines set a tree on any draft; only a model uses it), and
     a --draft that names nothing, refused before the target loads."""
@@ -994,8 +1000,7 @@ def check_draft(draft: DraftOptions) -> None:
             f"--tree {draft.tree} shapes a draft model's tree; --draft {draft.draft} has none (--ngram-width widens "
             "the n-gram draft)"
         )
-    decoder = draft.draft in ("edd", "vdm") or (Path(draft.draft).expanduser() / "draft.json").is_file()
-    if draft.tree not in ("auto", "chain") and not decoder and draft.draft not in ("none", "ngram"):
+    if draft.tree not in ("auto", "chain") and not is_draft_decoder(draft.draft):
         raise ValueError(
             f"--tree {draft.tree} shapes the trees of spectot's draft decoders (edd, vdm, a `spectot train-draft` "
             f"folder); the draft model {draft.draft} drafts a chain"
@@ -1052,12 +1057,10 @@ def check_solve(
         f"configure --search tot-bfs (the tree searches run on --backend local --method ar|sd, or servers); "
         f"--search {search.search}",
     )
-    _refuse_unread(
-        _set(tree, *(("balance_temperature", "lambda_kv", "lambda_cov", "lookahead", "retract") if mcts else ()))
-        + _set(tree, *(("max_children", "dfs_speculation") if not mcts else ()))
-        + _set(tree, *(("rest_children",) if search.search != "rest-mcts" else ())),
-        f"belong to another search algorithm; --search {search.search}",
-    )
+    foreign = ("balance_temperature", "lambda_kv", "lambda_cov", "lookahead", "retract") if mcts else ()
+    foreign += () if mcts else ("max_children", "dfs_speculation")
+    foreign += () if search.search == "rest-mcts" else ("rest_children",)
+    _refuse_unread(_set(tree, *foreign), f"belong to another search algorithm; --search {search.search}")
     if tree.explore == "none":
         _refuse_unread(
             _set(tree, "k_total", "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation"),
@@ -1089,9 +1092,7 @@ def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, t
             _set(draft, "tree", "k_config", "acceptance", "num_draft_tokens"),
             "bench trees sets them for each of its methods (--chain-k, --sequoia-*, --eagle2-tokens size them)",
         )
-        if draft.draft in ("none", "ngram") or not (
-            draft.draft in ("edd", "vdm") or (Path(draft.draft).expanduser() / "draft.json").is_file()
-        ):
+        if not is_draft_decoder(draft.draft):
             raise ValueError(
                 f"bench trees compares draft trees: --draft {draft.draft} drafts none (pass edd, vdm or a "
                 "`spectot train-draft` folder)"

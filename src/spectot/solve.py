@@ -19,8 +19,8 @@ from typing import Any
 from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.data.jsonl import DataError, results_file
 from spectot.search.policy import ComponentStats, LocalBackend, Policy
-from spectot.spec.profile import read_profile
 from spectot.search.tot_bfs import BfsConfig, tot_bfs
+from spectot.spec.profile import read_profile
 from spectot.tasks.base import Problem
 from spectot.tasks.registry import load_problems, make_task
 

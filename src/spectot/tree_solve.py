@@ -187,8 +187,12 @@ def run_tree_solve(
         )
         try:
             async for record in records:
-                row = {**record.to_dict(), "question": questions[record.id], "search": search.search}
-                row["explore"] = tree.explore
+                row = {
+                    **record.to_dict(),
+                    "question": questions[record.id],
+                    "search": search.search,
+                    "explore": tree.explore,
+                }
                 run.records.append(row)
                 if write is not None:
                     write(row)

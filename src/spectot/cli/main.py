@@ -35,6 +35,7 @@ from spectot.config import (
     check_draft,
     DRAFTLESS_ENGINES,
     check_bench,
+    is_draft_decoder,
     check_solve,
 )
 
@@ -439,7 +440,7 @@ def _tree_tool(args: argparse.Namespace) -> int:
         raise ValueError("tree measure/profile need a model draft with probabilities: --draft edd, vdm or a folder")
     if args.tree_command == "measure":
         options = from_flags(args, TreeMeasureOptions)
-        if draft.draft not in ("edd", "vdm") and not (Path(draft.draft).expanduser() / "draft.json").is_file():
+        if not is_draft_decoder(draft.draft):
             raise ValueError(
                 f"tree measure ranks a draft tree's candidates: --draft {draft.draft} drafts a chain (its ranks "
                 "2.. would read 0); use edd, vdm or a `spectot train-draft` folder"

@@ -916,9 +916,7 @@ class BackgroundServer:
         log_level: str = "warning",
         shutdown_grace: float = 0.0,
     ) -> None:
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
+        self._socket = bind(host, port)
         self.host, self.port = self._socket.getsockname()[:2]
         self._server = GracefulServer(app, shutdown_grace, log_level=log_level)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
