@@ -103,6 +103,10 @@ def test_extract_boxed(text: str, inside: str | None) -> None:
         ("5 \\text{ m}", "5"),
         ("\\text{East}", "\\text{east}"),
         ("1 and -2", "1,-2"),
+        # matrices entry by entry, whatever the environment or the entries' spelling
+        ("\\begin{pmatrix} \\frac{-1}{3} \\\\ \\frac23 \\end{pmatrix}", "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}"),
+        ("\\left(\\begin{array}{c} -2 \\\\ \\sqrt{4} \\end{array}\\right)", "\\begin{pmatrix}-2\\\\2\\end{pmatrix}"),
+        ("\\boxed{\\begin{bmatrix} -1 & 0 \\\\ 0 & -1 \\end{bmatrix}}", "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}"),
     ],
 )
 def test_equivalent_pairs(pred: str, gold: str) -> None:
@@ -135,6 +139,11 @@ def test_equivalent_pairs(pred: str, gold: str) -> None:
         # words are not products of letters
         ("\\text{seat}", "\\text{east}"),
         ("no", "on"),
+        # a matrix equals only a matrix of its shape (the old normal form ran '\\\\ \\frac' into '\\\\frac')
+        ("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("(1,2)", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("\\begin{pmatrix} 1 \\\\ \\frac{1}{2} \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ \\frac{1}{3} \\end{pmatrix}"),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\\\ 3 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
     ],
 )
 def test_non_equivalent_pairs(pred: str, gold: str) -> None:

@@ -55,6 +55,8 @@ TEXT_UNITS = re.compile(
     r"(?<=\S)\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s[^{}]*\}\s*(?:\^\s*\{?\s*[23]\s*\}?)?\s*\.?\s*$"
 )
 WORD = re.compile(r"[A-Za-z]{2,}")
+# A matrix or vector: its environment, an optional column spec (array's {cc}), the rows.
+MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array)\}\s*(?:\{[lcr| ]*\})?(.*)\\end\{\1\}", re.DOTALL)
 # The largest exponent sympy may meet, the exponents of nested powers multiplied ((2^{10})^{3} has 30):
 # exact arithmetic and evalf on 9^{9^{9^{9}}} would not finish.
 MAX_EXPONENT = 1000
@@ -188,6 +190,9 @@ def is_equiv(pred: str | None, gold: str) -> bool:
     """Whether a predicted answer equals the gold one: same normal form, element-wise or symbolically."""
     if pred is None:
         return False
+    matrix_a, matrix_b = matrix_entries(pred), matrix_entries(gold)
+    if matrix_a is not None or matrix_b is not None:
+        return _matrices_equal(matrix_a, matrix_b)
     a, b = normalize_answer(pred), normalize_answer(gold)
     if a == b:
         return True
@@ -197,6 +202,28 @@ def is_equiv(pred: str | None, gold: str) -> bool:
     if parts_a is not None or parts_b is not None:
         return _sequences_equal(parts_a or ("", [a], ""), parts_b or ("", [b], ""))
     return _symbolically_equal(a, b)
+
+
+def matrix_entries(answer: str) -> list[list[str]] | None:
+    """The rows of entries of a matrix answer ('\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}' -> [['1', '0'],
+    ['0', '1']]), whatever its environment (pmatrix, bmatrix, array with a column spec, inside \\left( \\right));
+    None when the answer is not one matrix."""
+    s = answer.strip().strip("$").strip()
+    boxed = extract_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
+    s = (boxed if boxed is not None else s).replace("\\left", "").replace("\\right", "").strip()
+    s = s[1:-1].strip() if s[:1] + s[-1:] in ("()", "[]") else s
+    match = MATRIX.fullmatch(s)
+    if match is None:
+        return None
+    rows = [row for row in re.split(r"\\\\(?:\[[^\]]*\])?", match[2]) if row.strip()]
+    return [[entry.strip() for entry in row.split("&")] for row in rows]
+
+
+def _matrices_equal(a: list[list[str]] | None, b: list[list[str]] | None) -> bool:
+    """Same shape and every entry equivalent; a matrix never equals a non-matrix."""
+    if a is None or b is None or [len(row) for row in a] != [len(row) for row in b]:
+        return False
+    return all(is_equiv(x, y) for row_a, row_b in zip(a, b) for x, y in zip(row_a, row_b))
 
 
 def _split_sequence(s: str) -> tuple[str, list[str], str] | None:
