@@ -104,9 +104,15 @@ def test_extract_boxed(text: str, inside: str | None) -> None:
         ("\\text{East}", "\\text{east}"),
         ("1 and -2", "1,-2"),
         # matrices entry by entry, whatever the environment or the entries' spelling
-        ("\\begin{pmatrix} \\frac{-1}{3} \\\\ \\frac23 \\end{pmatrix}", "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}"),
+        (
+            "\\begin{pmatrix} \\frac{-1}{3} \\\\ \\frac23 \\end{pmatrix}",
+            "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}",
+        ),
         ("\\left(\\begin{array}{c} -2 \\\\ \\sqrt{4} \\end{array}\\right)", "\\begin{pmatrix}-2\\\\2\\end{pmatrix}"),
-        ("\\boxed{\\begin{bmatrix} -1 & 0 \\\\ 0 & -1 \\end{bmatrix}}", "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}"),
+        (
+            "\\boxed{\\begin{bmatrix} -1 & 0 \\\\ 0 & -1 \\end{bmatrix}}",
+            "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+        ),
     ],
 )
 def test_equivalent_pairs(pred: str, gold: str) -> None:
