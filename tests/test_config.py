@@ -173,6 +173,16 @@ def test_output_paths_that_could_not_be_written_are_refused_before_the_work(tmp_
     assert SolveOptions(trace=str(tmp_path / "new" / "deeper" / "trace.json")).trace  # folders to be made: fine
 
 
+def test_the_trace_charts_format_is_named_by_its_suffix(tmp_path: Path) -> None:
+    """`trace --out chart` wrote a PNG named 'chart'; `--out chart.jpgx` failed in matplotlib after the drawing."""
+    from spectot.config import TraceOptions
+
+    for out in ("chart", "chart.jpgx"):
+        with pytest.raises(ValueError, match=r"name the chart \.png, \.pdf or \.svg"):
+            TraceOptions(file="t.json", out=str(tmp_path / out))
+    assert all(TraceOptions(file="t.json", out=str(tmp_path / f"c.{s}")) for s in ("png", "PDF", "svg"))
+
+
 def test_identical_votes_are_refused() -> None:
     """--n-votes 3 at --eval-temperature 0 cast three copies of one greedy vote."""
     options = (DraftOptions(), SolveOptions(), TreeSearchOptions(), BackendOptions())

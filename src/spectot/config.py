@@ -936,11 +936,13 @@ class BenchSpexOptions:
 @dataclass(frozen=True)
 class TraceOptions:
     file: str = field(default="", **opt("timeline JSON written by `spectot solve --trace`", positional=True))
-    out: str = field(default="trace.png", **opt("Gantt chart PNG to write"))
+    out: str = field(default="trace.png", **opt("Gantt chart to write: .png, .pdf or .svg"))
     title: str = field(default="", **opt("chart title"))
 
     def __post_init__(self) -> None:
         writable_file(self.out, "--out")
+        if Path(self.out).suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise ValueError(f"--out {self.out!r}: name the chart .png, .pdf or .svg (its suffix picks the format)")
 
 
 @dataclass(frozen=True)
