@@ -382,3 +382,14 @@ def test_a_ranked_head_is_cut_to_its_most_frequent_tokens(target, tmp_path) -> N
         torch.testing.assert_close(cut(tokens, hidden, starts), whole(tokens, hidden, starts)[..., :8])
     with pytest.raises(ValueError, match="head_size"):
         DraftDecoder.load(tmp_path / "ranked", target, head_size=-1)
+
+
+@pytest.mark.parametrize("hidden_layer", [-1, LAYERS, -2])
+def test_a_draft_reading_one_of_the_last_layers_copies_the_targets_last_layers(target, hidden_layer: int) -> None:
+    """Reading after the last layer (-1 or L) no layer follows, and -2 has one where the draft has two: the zip over
+    the missing source left those layers at random initialisation; they copy the target's last layers now."""
+    config = DraftDecoderConfig("edd", 2, hidden_layer, HEAD_IDS.numel(), fingerprint(target), target.config.to_dict())
+    draft = DraftDecoder.initialise(config, target, HEAD_IDS)
+    for mine, theirs in zip(draft.model.model.layers, target.model.layers[-2:]):
+        a, b = mine.state_dict(), theirs.state_dict()
+        assert all(torch.equal(a[k], b[k].to(a[k].dtype)) for k in b)

@@ -81,7 +81,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         json.dumps({"token_ids": [1, "a"]}),  # 7: not an integer
         json.dumps({"token_ids": [1, -2]}),  # 8: negative
         json.dumps([1, 2, 3]),  # 9: not an object
-        json.dumps({"token_ids": [5]}),  # 10: too short to train on, dropped with a warning
+        json.dumps({"token_ids": [5]}),  # 10: too short to train on, dropped with a warning, an issue
         json.dumps({"token_ids": [9, 8, 7]}),  # 11: engine output without prompt_ids
         json.dumps({"prompt_ids": list(range(10, 17)), "token_ids": [20, 21, 22]}),  # 12: keeps its last 8
     ]
@@ -99,6 +99,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         (7, "ValueError"),
         (8, "ValueError"),
         (9, "TypeError"),
+        (10, "1 token(s)"),
     ]
     assert all(i.path == str(tmp_path / "c.jsonl") for i in issues)
 
@@ -162,7 +163,8 @@ def test_read_corpus_warns_about_lines_too_short_to_train_on(tmp_path, caplog) -
     path = write_lines(tmp_path / "short.jsonl", lines)
     with caplog.at_level(logging.WARNING, logger="spectot.train.draft"):
         sequences, issues = read_corpus([path], encode_chat, encode_text, 10)
-    assert sequences == [encode_text("ab")] and issues == []
+    assert sequences == [encode_text("ab")] and [i.line for i in issues] == list(range(2, 9))
+    assert issues[1].reason == "1 token(s): nothing to predict"  # in train.json's skipped lines too
     [record] = caplog.records
     assert record.getMessage() == f"{path}: 7 line(s) of fewer than 2 tokens dropped (lines 2, 3, 4, 5, 6, ...)"
     with pytest.raises(DataError, match=r"0 malformed, 7 too short"):
@@ -456,3 +458,18 @@ def test_ctrl_c_saves_the_last_whole_step_and_resume_goes_on_exactly(target, rec
     assert train(resumed, records, settings, tmp_path / "stopped.pt", resume=True)["steps"] == summary["steps"]
     a, b = straight.trainable_state(), resumed.trainable_state()
     assert all(a[k].equal(b[k]) for k in a)
+
+
+def test_a_stop_asked_during_the_last_step_still_ends_the_run(target, records, tmp_path) -> None:
+    """SIGINT during the final step: that step's checkpoint is the finished run, so training returns (its draft is
+    saved by the caller) instead of raising and leaving a complete run to --resume."""
+    import signal
+
+    settings = TrainSettings(block_min=2, block_max=6, lr=1e-3, batch_tokens=40, epochs=1, checkpoint_minutes=60)
+
+    def interrupt(stage: str, done: int, total: int, **metrics) -> None:
+        if done == total:
+            signal.raise_signal(signal.SIGINT)
+
+    summary = train(fresh_draft(target), records, settings, tmp_path / "c.pt", resume=False, report=interrupt)
+    assert summary["steps"] == torch.load(tmp_path / "c.pt", weights_only=False)["state"]["step"] > 0

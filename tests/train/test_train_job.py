@@ -162,3 +162,37 @@ def test_a_hidden_layer_past_the_targets_layers_is_refused(tiny_checkpoint, tmp_
     with pytest.raises(ValueError, match=r"--hidden-layer 99: the target has 2 layers"):
         run_train_draft(model, options, lambda *args, **kwargs: None)
     assert not (tmp_path / "out" / "draft.json").exists()
+
+
+def test_init_reads_the_features_of_its_own_hidden_layer(tiny_checkpoint, tmp_path) -> None:
+    """A draft trained on layer -2 and fine-tuned with --init (another --hidden-layer, or the default) trained on
+    the flag's layer and still read -2 at inference; its features now come from the layer it reads."""
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    a = corpus(tmp_path / "a.jsonl", 0, 6)
+    common = {"head_vocab": 16, "layers": 1, "epochs": 1}
+    run_train_draft(model, TrainDraftOptions(corpus=(a,), out=str(tmp_path / "base"), hidden_layer=-2, **common))
+    options = TrainDraftOptions(
+        corpus=(a,), out=str(tmp_path / "tuned"), hidden_layer=-3, init=str(tmp_path / "base"), **common
+    )
+    tuned = run_train_draft(model, options)
+    [meta] = (tmp_path / "tuned" / "features").glob("*/meta.json")
+    assert json.loads(meta.read_text())["hidden_layer"] == -2 == tuned["draft"]["hidden_layer"]
+
+
+def test_features_of_another_chat_template_are_not_reused(tiny_checkpoint, tmp_path) -> None:
+    """Question lines tokenize with or without the chat template: features made one way were reused the other."""
+    a = tmp_path / "q.jsonl"
+    a.write_text("".join(json.dumps({"question": f"w{i} w{i + 1}", "answer": f"w{i + 2} w9"}) + "\n" for i in range(4)))
+    options = TrainDraftOptions(
+        corpus=(str(a),),
+        out=str(tmp_path / "out"),
+        features=str(tmp_path / "f"),
+        head_vocab=16,
+        layers=1,
+        hidden_layer=-2,
+        epochs=1,
+    )
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    run_train_draft(model, options)
+    with pytest.raises(ValueError, match="holds features of another setup"):
+        run_train_draft(ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch"), options)

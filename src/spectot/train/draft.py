@@ -62,7 +62,7 @@ def read_corpus(
 
     ``vocab_size`` (the target's) range-checks token ids: a corpus tokenized for another model is
     caught here, not as an index error deep in feature extraction. Lines of fewer than 2 tokens
-    (nothing to predict) are dropped with a warning.
+    (nothing to predict) are dropped with a warning and listed among the issues.
     """
     sequences, issues, dropped = [], [], 0
     for path in paths:
@@ -83,6 +83,7 @@ def read_corpus(
                     continue
                 if len(ids) < 2:
                     short.append(number)
+                    issues.append(CorpusIssue(path, number, f"{len(ids)} token(s): nothing to predict"))
                     continue
                 # a generation keeps its end: the tokens the target wrote and what precedes them
                 sequences.append(ids[-max_len:] if generated else ids[:max_len])
@@ -91,10 +92,11 @@ def read_corpus(
             lines = ", ".join(map(str, short[:5])) + (", ..." if len(short) > 5 else "")
             logger.warning("%s: %d line(s) of fewer than 2 tokens dropped (lines %s)", path, len(short), lines)
     if not sequences:
-        first = "; ".join(f"{i.path}:{i.line}: {i.reason}" for i in issues[:3]) + ("; ..." if len(issues) > 3 else "")
+        malformed = [i for i in issues if not i.reason.endswith("nothing to predict")]
+        first = "; ".join(f"{i.path}:{i.line}: {i.reason}" for i in malformed[:3]) + "; ..." * (len(malformed) > 3)
         raise DataError(
-            f"no usable lines in {', '.join(paths)} ({len(issues)} malformed, {dropped} too short)"
-            + (f": {first}" if issues else "")
+            f"no usable lines in {', '.join(paths)} ({len(malformed)} malformed, {dropped} too short)"
+            + (f": {first}" if malformed else "")
         )
     return sequences, issues
 
@@ -354,7 +356,7 @@ def train(
             if time.monotonic() - last_save > 60 * settings.checkpoint_minutes or state["step"] == total_steps:
                 _save_checkpoint(checkpoint, draft, optimizer, schedule, state, job)
                 last_save = time.monotonic()
-        if stop.asked:  # Ctrl-C or SIGTERM: the last whole step is saved, so --resume goes on exactly from it
+        if stop.asked and state["step"] < total_steps:  # Ctrl-C or SIGTERM: --resume goes on from the saved step
             _save_checkpoint(checkpoint, draft, optimizer, schedule, state, job)
             raise KeyboardInterrupt(f"training stopped at step {state['step']}; checkpoint saved: resume with --resume")
     draft.eval()

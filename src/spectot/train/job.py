@@ -52,6 +52,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         )
     tokenizer = target.tokenizer
     init_folder = _starting_folder(options.init, model.target, options.kind, target.model)
+    # --init keeps the draft's hidden layer: its features must come from the layer it reads at inference
+    init_layer = DraftDecoder.read_config(init_folder).hidden_layer if init_folder else None
+    hidden_layer = options.hidden_layer if init_layer is None else init_layer
 
     def encode_chat(text: str) -> list[int]:  # a prompt, as Pipeline.encode feeds it at inference
         if not (model.chat_template and tokenizer.chat_template is not None):
@@ -67,9 +70,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     layers = int(target.model.config.num_hidden_layers)
-    if not -(layers + 1) <= options.hidden_layer <= layers:  # hidden_states: the embeddings, then each layer
+    if not -(layers + 1) <= hidden_layer <= layers:  # hidden_states: the embeddings, then each layer
         raise ValueError(
-            f"--hidden-layer {options.hidden_layer}: the target has {layers} layers, so hidden_states indices run "
+            f"--hidden-layer {hidden_layer}: the target has {layers} layers, so hidden_states indices run "
             f"from {-(layers + 1)} to {layers} (0: the embeddings; -1: the last layer)"
         )
     features = Path(options.features) if options.features else out / "features"
@@ -79,9 +82,10 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     setup = {
         "target": model.target,
         "dtype": model.dtype,
-        "hidden_layer": options.hidden_layer,
+        "hidden_layer": hidden_layer,
         "top_k": options.top_k,
         "max_len": options.max_len,
+        "chat_template": model.chat_template,  # how question lines are tokenized
     }
     vocab = int(target.model.config.vocab_size)
     corpora = [
@@ -102,7 +106,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             if report:
                 report(stage, base + finished, total)
 
-        shards += extract_features(runner, file_sequences, options.hidden_layer, options.top_k, folder, report=progress)
+        shards += extract_features(runner, file_sequences, hidden_layer, options.top_k, folder, report=progress)
         done += sum(map(len, file_sequences))
     del runner
 
@@ -204,4 +208,5 @@ def _check_features_meta(features: Path, meta: dict) -> None:
             )
     else:
         features.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(meta, indent=1))
+        path.with_suffix(".partial").write_text(json.dumps(meta, indent=1))
+        path.with_suffix(".partial").replace(path)  # a kill mid-write leaves no torn meta.json
