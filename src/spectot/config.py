@@ -434,7 +434,9 @@ class TrainDraftOptions:
     )
     head_vocab: int = field(default=8192, **opt("draft head size: the corpus's most frequent tokens (q = 0 elsewhere)"))
     top_k: int = field(default=64, **opt("target probabilities kept per token for the KL loss"))
-    max_len: int = field(default=384, **opt("tokens per corpus sequence at most"))
+    max_len: int = field(
+        default=384, **opt("tokens per corpus sequence at most (a generation: its last, features over all of it)")
+    )
     block_min: int = field(default=5, **opt("shortest dual-block length L"))
     block_max: int = field(default=10, **opt("longest dual-block length L"))
     loss: Literal["kl", "ce"] = field(

@@ -83,7 +83,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         json.dumps([1, 2, 3]),  # 9: not an object
         json.dumps({"token_ids": [5]}),  # 10: too short to train on, dropped with a warning, an issue
         json.dumps({"token_ids": [9, 8, 7]}),  # 11: engine output without prompt_ids
-        json.dumps({"prompt_ids": list(range(10, 17)), "token_ids": [20, 21, 22]}),  # 12: keeps its last 8
+        json.dumps({"prompt_ids": list(range(10, 17)), "token_ids": [20, 21, 22]}),  # 12: whole (features: last 8)
     ]
     sequences, issues = read_corpus([write_lines(tmp_path / "c.jsonl", lines)], encode_chat, encode_text, 8)
     assert sequences == [
@@ -91,7 +91,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         (encode_chat("Hi?") + encode_text("6*4=24 so #### 24"))[:8],
         encode_text("abcdefgh"),
         [9, 8, 7],
-        [12, 13, 14, 15, 16, 20, 21, 22],
+        [10, 11, 12, 13, 14, 15, 16, 20, 21, 22],
     ]
     assert [(i.line, i.reason.split(":")[0]) for i in issues] == [
         (5, "JSONDecodeError"),
@@ -220,6 +220,21 @@ def test_feature_shards_already_written_are_skipped(target, tmp_path) -> None:
     rerun = torch.load(first[1])
     assert CountingRunner.calls == len(rerun)  # only the missing shard's sequences ran again
     assert [r["tokens"].tolist() for r in load_shards(again)] == SEQUENCES
+
+
+def test_a_windowed_record_holds_the_features_of_its_whole_context(target, tmp_path) -> None:
+    """A generation longer than --max-len trains on its last tokens with the hidden states and distributions the
+    target computes over all of it (as at inference), not over the window alone (a sequence starting mid-text)."""
+    whole = SEQUENCES[5]  # 20 tokens, window 8
+    [windowed] = load_shards(
+        extract_features(ModelRunner(target), [whole], HIDDEN_LAYER, TOP_K, tmp_path / "w", window=8)
+    )
+    [full] = load_shards(extract_features(ModelRunner(target), [whole], HIDDEN_LAYER, TOP_K, tmp_path / "f"))
+    [cut] = load_shards(extract_features(ModelRunner(target), [whole[-8:]], HIDDEN_LAYER, TOP_K, tmp_path / "c"))
+    assert windowed["tokens"].tolist() == whole[-8:]
+    for key in ("hidden", "top_ids", "top_probs"):
+        assert torch.equal(windowed[key], full[key][-8:])
+    assert not torch.allclose(windowed["hidden"].float(), cut["hidden"].float(), atol=1e-2)
 
 
 # -- 3. loss ---------------------------------------------------------------------------------------

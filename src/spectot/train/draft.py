@@ -57,8 +57,12 @@ def read_corpus(
     encode_text: Callable[[str], list[int]],
     max_len: int,
     vocab_size: int | None = None,
+    context: int | None = None,
 ) -> tuple[list[list[int]], list[CorpusIssue]]:
-    """Token sequences of every usable line (cut to ``max_len``) and the lines that were skipped.
+    """Token sequences of every usable line and the lines that were skipped. A text or question line is cut to
+    its first ``max_len`` tokens; an engine's generation keeps its whole prompt and output (its last ``context``
+    tokens, the target's context, where longer): ``extract_features`` trains on its last ``max_len`` tokens with
+    the hidden states the target computed over all of it, as at inference, not over a window cut from its start.
 
     ``vocab_size`` (the target's) range-checks token ids: a corpus tokenized for another model is
     caught here, not as an index error deep in feature extraction. Lines of fewer than 2 tokens
@@ -85,8 +89,7 @@ def read_corpus(
                     short.append(number)
                     issues.append(CorpusIssue(path, number, f"{len(ids)} token(s): nothing to predict"))
                     continue
-                # a generation keeps its end: the tokens the target wrote and what precedes them
-                sequences.append(ids[-max_len:] if generated else ids[:max_len])
+                sequences.append((ids[-context:] if context else ids) if generated else ids[:max_len])
         dropped += len(short)
         if short:
             lines = ", ".join(map(str, short[:5])) + (", ..." if len(short) > 5 else "")
@@ -149,8 +152,10 @@ def extract_features(
     out: Path,
     shard_tokens: int = 16384,
     report: Report | None = None,
+    window: int | None = None,
 ) -> list[Path]:
-    """Write shards of {tokens, hidden, top_ids, top_probs} per sequence; skip shards already there."""
+    """Write shards of {tokens, hidden, top_ids, top_probs} per sequence; skip shards already there. With a
+    ``window`` a record holds the last ``window`` tokens of its sequence, their features computed over all of it."""
     from spectot.engine.runner import StreamTree
     from spectot.engine.token_tree import TokenTree
 
@@ -178,12 +183,13 @@ def extract_features(
                     runner.commit({})
                 finally:
                     runner.release(stream)
-                probs = result.logits[0].softmax(-1)  # (T, V) float32
+                keep = -min(window or len(sequences[i]), len(sequences[i]))
+                probs = result.logits[0][keep:].softmax(-1)  # (T, V) float32
                 top = probs.topk(top_k, dim=-1)
                 records.append(
                     {
-                        "tokens": torch.tensor(sequences[i], dtype=torch.int32),
-                        "hidden": result.hidden[0].to("cpu", torch.bfloat16),  # shards hold host tensors
+                        "tokens": torch.tensor(sequences[i][keep:], dtype=torch.int32),
+                        "hidden": result.hidden[0][keep:].to("cpu", torch.bfloat16),  # shards hold host tensors
                         "top_ids": top.indices.to(torch.int32),
                         "top_probs": top.values.to(torch.float16),
                     }

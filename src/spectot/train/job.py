@@ -76,9 +76,6 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             f"from {-(layers + 1)} to {layers} (0: the embeddings; -1: the last layer)"
         )
     features = Path(options.features) if options.features else out / "features"
-    runner = ModelRunner(
-        target.model, max_context=target.max_context, capacity=options.max_len + 8, kernels=model.kernels
-    )
     setup = {
         "target": model.target,
         "dtype": model.dtype,
@@ -86,17 +83,22 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         "top_k": options.top_k,
         "max_len": options.max_len,
         "chat_template": model.chat_template,  # how question lines are tokenized
+        "generations": "whole context",  # features over a generation's prompt and output, not a window cut from it
     }
     vocab = int(target.model.config.vocab_size)
     corpora = [
-        (path, *read_corpus([path], encode_chat, encode_text, options.max_len, vocab_size=vocab))
+        (path, *read_corpus([path], encode_chat, encode_text, options.max_len, vocab, target.max_context))
         for path in options.corpus
     ]
-    sequences = [ids for _, file_sequences, _ in corpora for ids in file_sequences]
+    contexts = [ids for _, file_sequences, _ in corpora for ids in file_sequences]
+    sequences = [ids[-options.max_len :] for ids in contexts]  # what the draft trains on
+    runner = ModelRunner(
+        target.model, max_context=target.max_context, capacity=max(map(len, contexts)) + 8, kernels=model.kernels
+    )
     issues = [issue for _, _, file_issues in corpora for issue in file_issues]
     for issue in issues:
         logger.warning("%s line %d skipped: %s", issue.path, issue.line, issue.reason)
-    total, done, shards, folders = sum(map(len, sequences)), 0, [], []
+    total, done, shards, folders = sum(map(len, contexts)), 0, [], []
     for path, file_sequences, _ in corpora:
         folder = features / _features_name(path)
         folders.append(folder.name)
@@ -106,7 +108,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             if report:
                 report(stage, base + finished, total)
 
-        shards += extract_features(runner, file_sequences, hidden_layer, options.top_k, folder, report=progress)
+        shards += extract_features(
+            runner, file_sequences, hidden_layer, options.top_k, folder, report=progress, window=options.max_len
+        )
         done += sum(map(len, file_sequences))
     del runner
 
