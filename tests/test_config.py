@@ -50,6 +50,7 @@ from spectot.config import (
         (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="0.9,0.9"), "summing to <= 1"),
         (lambda: DraftOptions(draft="edd", tree="eagle2", tree_children="with_replacement"), "independent"),
         (lambda: DraftOptions(draft="edd", tree="pct", tree_children="without_replacement"), "independent"),
+        (lambda: DraftOptions(draft="edd", tree="cape", tree_children="without_replacement"), "independent"),
         (lambda: GenerateOptions(prompt="hi", limit=5), "--offset and --limit pick prompts"),
         (lambda: GenerateOptions(prompts="p.jsonl", out="o.jsonl", json=True), "pick one"),
         (lambda: BenchTotOptions(tasks="gsm8k,bogus"), "--tasks: choose from"),

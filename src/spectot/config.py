@@ -278,7 +278,7 @@ class DraftOptions:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
         if self.tree == "sequoia":
             parse_acceptance(self.acceptance)
-        if self.tree in ("pct", "eagle2") and self.tree_children in ("with_replacement", "without_replacement"):
+        if self.tree in ("pct", "eagle2", "cape") and self.tree_children in ("with_replacement", "without_replacement"):
             raise ValueError(
                 f"--tree {self.tree} keeps or drops siblings by their own draft probability, so sampled siblings "
                 "would no longer be the independent (or without-replacement) draws from q that verification "

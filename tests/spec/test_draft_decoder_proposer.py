@@ -754,3 +754,22 @@ def test_a_stream_that_drafts_nothing_for_a_while_keeps_its_hidden_states(target
             step += 1
         got = session.results()[0]
     assert got.token_ids == want and got.stats.proposed > 0
+
+
+def test_sampled_siblings_are_refused_under_a_policy_that_prunes_them(dist_target) -> None:
+    """PCT, CaPE and EAGLE-2 keep or drop siblings by their own draft probability: sampled siblings kept that way are
+    no longer the draws from q verification assumes (CaPE slipped through the CLI guard; a tree handed out per
+    request slipped past any)."""
+    draft = make_draft(dist_target, "edd", torch.arange(DIST_VOCAB))
+    for policy in (PCTPolicy(threshold=0.1), CAPEPolicy(max_depth=9), EAGLE2Policy()):
+        for children in ("with_replacement", "without_replacement"):
+            with pytest.raises(ValueError, match="sampled siblings"):
+                proposer(draft, policy, children)
+    prop = proposer(draft, StaticPolicy(tuple(k_config_tree((2, 2)))), "without_replacement")
+    tokens = torch.tensor(DIST_PROMPT)
+    with torch.no_grad():
+        states = dist_target(tokens[None].to(dist_target.device), output_hidden_states=True).hidden_states
+    request = DraftRequest(0, tokens, 2, states[HIDDEN_LAYER][0][:-1], policy=CAPEPolicy())
+    with pytest.raises(ValueError, match="CAPEPolicy keeps or drops siblings"):
+        prop.propose([request], SamplingParams(do_sample=True), torch.Generator().manual_seed(0))
+    prop.propose([request], SamplingParams(), None)  # greedy: top children, nothing sampled

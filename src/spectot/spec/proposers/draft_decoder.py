@@ -56,7 +56,7 @@ from spectot.models.draft_decoder import DraftDecoder
 from spectot.spec.proposers.base import Draft, DraftRequest
 from spectot.spec.proposers.ngram import graft, lookup_match
 from spectot.spec.sampling import SamplingParams, coupled_pick, target_probs
-from spectot.spec.trees.dynamic import PCTPolicy, StaticPolicy, TreePolicy
+from spectot.spec.trees.dynamic import PCTPolicy, StaticPolicy, TreePolicy, refuse_sampled_pruning
 from spectot.spec.trees.shapes import chain_tree
 
 ChildSampling = Literal["top", "without_replacement", "with_replacement"]
@@ -89,6 +89,7 @@ class DraftDecoderProposer:
     ) -> None:
         if lookup < 0:
             raise ValueError(f"the prompt-lookup match length must be >= 0 (0: off), got {lookup}")
+        refuse_sampled_pruning(policy, children)
         self.draft = draft
         self.runner = runner
         self.policy = policy
@@ -130,6 +131,8 @@ class DraftDecoderProposer:
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
         requests = [self._with_unread(r) for r in requests]
         policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
+        for policy in policies.values():  # a tree budget may hand out another policy than the proposer's own
+            refuse_sampled_pruning(policy, mode)
         # a tree of the root alone (the hardware-aware rule picks n = 1 for a large batch) drafts nothing
         active = [r for r in requests if r.k > 0 and self._room(r) > 0 and policies[r.key].max_depth > 0]
         drafting = {r.key for r in active}

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -77,6 +77,18 @@ class TreePolicy(Protocol):
     def finalize(self, parents: list[int], path_conf: list[float]) -> list[int]:
         """parents[0] = -1, path_conf[0] = 1 -> sorted kept nodes, containing 0 and closed under ancestors."""
         ...
+
+
+def refuse_sampled_pruning(policy: TreePolicy | None, children: str) -> None:
+    """A policy that keeps or drops siblings by their own draft probability (PCT, CaPE, EAGLE-2) turns sampled
+    siblings into something other than the independent / without-replacement draws from q that verification
+    assumes (q = [0.9, 0.1], two draws, keep the likelier: the kept child is always the first token, and
+    verifying it as one draw from q emits it with probability p/q's rule gives a fresh draw, not p's)."""
+    if children != "top" and getattr(policy, "prunes_siblings", False):
+        raise ValueError(
+            f"{type(policy).__name__} keeps or drops siblings by their draft probability, so sampled siblings "
+            f"({children}) would not be the draws from q verification assumes: use top children"
+        )
 
 
 # (streams sharing the forward, their sampling) -> the tree each drafts (None: the proposer's own)
@@ -171,6 +183,8 @@ class PCTPolicy:
     trees together cost t(B m): ``for_streams(B)`` prices a tree of m rows at t(B m) / t(B) (each stream taken to
     draft alike), so the trees shrink as the batch grows.
     """
+
+    prunes_siblings: ClassVar[bool] = True  # keeps or drops siblings by their own draft probability
 
     threshold: float  # s_d / s_t: draft step time over target step time
     width: int = 3  # top-k children per expandable node
@@ -294,6 +308,8 @@ class CAPEPolicy:
     (root included) by the most confident nodes.
     """
 
+    prunes_siblings: ClassVar[bool] = True  # keeps or drops siblings by their own draft probability
+
     buckets: tuple[tuple[float, int], ...] = ((0.8, 2), (0.6, 4), (0.3, 6), (0.0, 8))  # (lower bound, width)
     max_depth: int = 4
     max_nodes: int = 64  # root included
@@ -346,6 +362,8 @@ class EAGLE2Policy:
     the root. f never increases along a path and ties go to the lower index (shallower: nodes are numbered
     breadth-first), so a kept node's parent always ranks ahead of it: the kept set is closed under ancestors.
     """
+
+    prunes_siblings: ClassVar[bool] = True  # keeps or drops siblings by their own draft probability
 
     top_k: int = 8
     depth: int = 6  # draft depths below the root
