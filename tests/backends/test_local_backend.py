@@ -126,6 +126,32 @@ def test_cancelled_task_abandons_its_request(pipe) -> None:
     assert pipe.runner.cache.used == 0  # nothing held outside the prefix cache
 
 
+def test_a_stream_cancelled_while_it_waits_leaves_no_task_behind(pipe) -> None:
+    """The consumer cancelled while the stream waited for its next tokens: the queue getter it waited on was left
+    pending forever (one per cancelled stream, "Task was destroyed but it is pending" at shutdown)."""
+
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+
+            async def consume() -> None:
+                async for _ in backend.stream(CompletionRequest("w1 w2", 400, chat=True)):
+                    pass
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(3):  # the cancellations settle
+                await asyncio.sleep(0)
+            return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        finally:
+            await backend.aclose()
+
+    assert asyncio.run(main()) == []
+
+
 def test_prompt_token_count_is_what_the_model_is_fed(tiny_checkpoint) -> None:
     """With a tokenizer that puts a BOS before text (Llama's, Mistral's), a completion prompt is fed with it, a
     rendered chat (which starts with its own) and a chat message through the template are not doubled."""

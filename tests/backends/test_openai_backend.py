@@ -372,6 +372,49 @@ def test_a_host_that_never_answers_costs_the_connect_timeout_only() -> None:
             assert asyncio.run(scenario([f"http://{host}:{port}", server.url])) == "a b c"
 
 
+def test_a_dropped_connection_is_retried_and_leaves_the_server_in_the_rotation() -> None:
+    """A server that reads the request and hangs up (a reset, a crash mid-request) reached the server: the request is
+    retried with backoff (on the other server) and the server is not benched for the cooldown as an unreachable
+    one is (every connection error did that, moving all its load onto the others for 10 s)."""
+    fake = SlowBackend()
+    with socket.socket() as hangup:
+        hangup.bind(("127.0.0.1", 0))
+        hangup.listen(8)
+        hangup.settimeout(10)
+        host, port = hangup.getsockname()
+
+        def hang_up_once() -> None:
+            connection, _ = hangup.accept()
+            connection.recv(65536)
+            connection.close()
+
+        async def scenario(urls: list[str]) -> list[float]:
+            async with quick(OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=1)) as backend:
+                closer = asyncio.create_task(asyncio.to_thread(hang_up_once))
+                assert (await backend.complete(REQUEST)).text == "a b c"
+                await closer
+                return [s.down_until for s in backend._servers]
+
+        with BackgroundServer(create_app(fake)) as server:
+            assert asyncio.run(scenario([f"http://{host}:{port}", server.url])) == [0.0, 0.0]
+    assert len(fake.requests) == 1
+
+
+def test_a_server_past_its_cooldown_takes_one_probe_at_a_time() -> None:
+    """A server marked down whose cooldown has passed and that has not answered since gets one request at a time,
+    not every new request until its count matches the live servers' (a blackholed host cost each a connect
+    timeout); once it answers it is a full member again."""
+    backend = OpenAIBackend.from_urls(["http://127.0.0.1:9", "http://127.0.0.1:10"], model="m")
+    dead, live = backend._servers
+    live.outstanding = 5
+    dead.down_until = time.monotonic() - 1.0  # cooldown over, no answer since
+    assert backend._pick() is dead  # the probe
+    dead.outstanding = 1
+    assert all(backend._pick() is live for _ in range(3))
+    dead.down_until = 0.0  # it answered
+    assert backend._pick() is dead  # 1 outstanding against 5
+
+
 def slow_app(seconds: float, calls: list[int]) -> FastAPI:
     """An app whose /v1/completions takes ``seconds`` before it answers."""
     app = FastAPI()
@@ -386,7 +429,7 @@ def slow_app(seconds: float, calls: list[int]) -> FastAPI:
 
 
 def test_a_read_timeout_is_not_retried() -> None:
-    """The server may still be generating: a retry would only add to its work."""
+    """The request waited the whole timeout: a retry would most likely wait it out again."""
     calls: list[int] = []
 
     async def scenario(url: str) -> None:

@@ -196,7 +196,18 @@ def test_a_query_s_running_speculation_is_not_counted_twice() -> None:
     for _ in range(4):
         budget.finished(0)
     budget.leave(0)
-    assert (budget.wanted, budget.in_flight) == ({1: 0}, {1: 4})
+    assert (budget.kv_reuse, budget.in_flight) == ({1: 1.0}, {1: 4})
+
+
+def test_units_a_query_was_refused_are_not_held_for_it() -> None:
+    """Query 0 asks for 10 while primary work fills k_total and gets none, then waits at its barrier (asking
+    nothing). Once the units free up, query 1 asking for 3 gets them: the refused 10 were kept as query 0's C_q,
+    its softmax share took the units and query 1 got 0 while they idled."""
+    budget = SharedBudget(k_total=8)
+    budget.primary = 8
+    assert budget.grant(0, wanted=10, kv_reuse=1.0) == 0
+    budget.primary = 2
+    assert budget.grant(1, wanted=3, kv_reuse=0.5) == 3
 
 
 def test_early_finishers_get_the_width_they_would_get_beside_their_running_siblings() -> None:

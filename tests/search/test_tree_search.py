@@ -67,3 +67,26 @@ def test_logprob_reward_needs_logprobs_for_a_step_of_tokens():
     assert logprob_reward(Completion("", "stop", 3, 0)) == 0.0  # an empty step: no confidence, not full
     with pytest.raises(ValueError, match="log-probs"):
         logprob_reward(Completion("a b", "stop", 3, 2))  # a backend that returned none would score 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), -0.5, 1.5])
+def test_a_reward_model_is_held_to_the_unit_interval(value: float) -> None:
+    """A pluggable reward outside [0, 1] is refused: a NaN wins votes and UCT choices, a negative weight lets the
+    early-termination rule settle a tie (its margin alpha * avg(w_2nd) turns negative)."""
+    import asyncio
+
+    from spectot.backends.base import Completion
+    from spectot.search.expansion import ChildKey, Expander
+    from spectot.tasks.base import Problem
+    from spectot.tasks.gsm8k import Gsm8kTask
+
+    class OneStep:
+        async def complete(self, request):
+            return Completion("Step 1: 2 + 2 = 4.", "stop", 5, 8)
+
+    problem = Problem("p", "What is 2 + 2?", "4")
+    good = Expander(Gsm8kTask(), problem, OneStep(), reward=lambda p, s: 0.75)
+    assert asyncio.run(good.expand(ChildKey((), 0))).reward == 0.75
+    bad = Expander(Gsm8kTask(), problem, OneStep(), reward=lambda p, s: value)
+    with pytest.raises(ValueError, match=r"reward model returned .* rewards lie in \[0, 1\]"):
+        asyncio.run(bad.expand(ChildKey((), 0)))

@@ -92,6 +92,7 @@ class LocalEngineBackend:
         sent = 0  # characters of ``text`` yielded
         longest_stop = max((len(s) for s in request.stop), default=1)
         stopped = False  # ``text`` holds a stop string: the rest comes with the Completion, cut before it
+        getter: asyncio.Future | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(pieces.get())
@@ -127,6 +128,8 @@ class LocalEngineBackend:
         finally:
             if not done.done():
                 done.cancel()
+            if getter is not None and not getter.done():  # the consumer was cancelled while it waited
+                getter.cancel()
 
     def failure(self) -> str | None:
         """Why no request can run any more: the engine's worker stopped after a failed step (a CUDA error, out of

@@ -9,8 +9,12 @@ Failures: a server that cannot be reached (connection refused, connect timeout) 
 a server that is up and that the request has not tried, spending no retry. Other connection errors, 408, 429
 and 5xx (and an unreachable server when no untried one is up) are retried with exponential backoff, or after the
 server's ``Retry-After`` (capped at ``MAX_RETRY_AFTER``), each retry on another server than the one that just
-failed when there is one. A read timeout is not retried: the server may still be generating, and a
-retry would double its work. Any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with
+failed when there is one. Only a refused connection or a connect timeout marks a server unreachable: a
+connection dropped after the request went out (a reset, a server that hung up) is retried with backoff like a 5xx,
+and leaves the server in the rotation. A server whose cooldown has passed takes one probe request at a time until
+one succeeds, so a host that swallows packets costs one request a connect timeout, not a burst of them. A read
+timeout is not retried: the request already waited the whole timeout, and a retry would most likely wait it out
+again (httpx closes the connection, so the server drops the work). Any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with
 the server's message, as does a generation the server aborted (vLLM's finish reason "abort"). Cancellation:
 cancelling the awaiting task closes the HTTP connection mid-request (httpx closes a connection whose response
 was not read to the end), which is what makes vLLM and ``spectot serve`` abort the generation; ``stream()``
@@ -54,18 +58,27 @@ class _Server:
     url: str
     client: openai.AsyncOpenAI
     outstanding: int = 0  # requests this backend has in flight there
-    down_until: float = 0.0  # time.monotonic() before which it counts as unreachable
+    down_until: float = 0.0  # time.monotonic() before which it counts as unreachable; 0: it answered since
 
 
 def is_read_timeout(exc: BaseException) -> bool:
-    """The server took the request but answered too slowly (it may still be generating). Read by name: the
-    ``openai`` client raises it from ``httpx`` or ``httpx2``'s ``ReadTimeout``, depending on its version."""
+    """The server took the request but did not answer within the timeout. Read by name: the ``openai`` client
+    raises it from ``httpx`` or ``httpx2``'s ``ReadTimeout``, depending on its version."""
     return isinstance(exc, openai.APITimeoutError) and type(exc.__cause__).__name__ == "ReadTimeout"
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """The request never reached the server: the connection was refused or timed out while connecting (by name,
+    as ``is_read_timeout``). A reset or hang-up after the request went out is a connection error but not this."""
+    return isinstance(exc, openai.APIConnectionError) and type(exc.__cause__).__name__ in (
+        "ConnectError",
+        "ConnectTimeout",
+    )
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """Connection errors, 408, 429 and 5xx may pass; a read timeout (the work may still be running) and other
-    statuses (the request's fault) do not."""
+    """Connection errors, 408, 429 and 5xx may pass; a read timeout (it would most likely time out again) and
+    other statuses (the request's fault) do not."""
     if isinstance(exc, openai.APIConnectionError):
         return not is_read_timeout(exc)
     if isinstance(exc, openai.APIStatusError):
@@ -286,7 +299,7 @@ class OpenAIBackend:
     def _fail_over(self, exc: openai.APIError, server: _Server, unreachable: list[_Server]) -> bool:
         """Whether a request that could not reach ``server`` goes on at once: some server is up that it has not
         tried (``server`` is marked down for ``cooldown`` seconds either way)."""
-        if not isinstance(exc, openai.APIConnectionError) or is_read_timeout(exc):
+        if not is_unreachable(exc):
             return False
         server.down_until = time.monotonic() + self.cooldown
         unreachable.append(server)
@@ -295,9 +308,11 @@ class OpenAIBackend:
 
     def _pick(self, avoid: Sequence[_Server] = ()) -> _Server:
         """The server with the fewest outstanding requests among those up (all, when none is) other than those in
-        ``avoid`` (unless no other is left); among ties, the next one after the last pick."""
+        ``avoid`` (unless no other is left); among ties, the next one after the last pick. A server past its
+        cooldown that has not answered since is up for one request at a time (a probe)."""
         now = time.monotonic()
-        choices = [s for s in self._servers if s.down_until <= now] or self._servers
+        up = [s for s in self._servers if s.down_until <= now and (s.down_until == 0.0 or s.outstanding == 0)]
+        choices = up or self._servers
         choices = [s for s in choices if all(s is not a for a in avoid)] or choices
         fewest = min(s.outstanding for s in choices)
         count = len(self._servers)
@@ -315,13 +330,14 @@ class OpenAIBackend:
         status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
         if is_read_timeout(exc):
             raise OpenAIBackendError(
-                f"{server.url} timed out reading the response (not retried: it may still be generating)",
+                f"{server.url} timed out reading the response (not retried: it would most likely time out again; "
+                "raise the timeout for long generations)",
                 None,
                 server.url,
             ) from exc
         if not is_retryable(exc):
             raise OpenAIBackendError(f"{server.url} refused the request: {exc.message}", status, server.url) from exc
-        if isinstance(exc, openai.APIConnectionError):
+        if is_unreachable(exc):
             server.down_until = time.monotonic() + self.cooldown
         if attempt >= self.max_retries:
             raise OpenAIBackendError(

@@ -83,8 +83,7 @@ class SharedBudget:
     k_total: int
     tau: float = 1.0
     reusable_weight: float = 1.0  # S_w: target weights are reused by every expansion alike
-    wanted: dict[int, int] = field(default_factory=dict)  # what q asked for and was not granted (at its last ask)
-    kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q)
+    kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q) at q's last ask; its keys: queries present
     in_flight: dict[int, int] = field(default_factory=dict)  # speculative expansions running, per query
     primary: int = 0  # primary expansions running, all queries
     hits: dict[int, int] = field(default_factory=dict)
@@ -92,11 +91,14 @@ class SharedBudget:
 
     def grant(self, query: int, wanted: int, kv_reuse: float) -> int:
         """How many more speculative expansions ``query`` may start now (it starts them at once: ``started``).
-        C_q counts a query's running speculation and what it asked for and was not granted, so the units
-        granted are not counted twice once they run."""
-        self.wanted[query], self.kv_reuse[query] = wanted, kv_reuse
-        queries = list(self.wanted)
-        capacity = [self.wanted[q] + self.in_flight.get(q, 0) for q in queries]
+        C_q counts a query's running speculation, plus what it asks for now if it is the one asking. What a
+        query asked for and was not granted is not held for it: it asks again when one of its expansions
+        ends, and nothing wakes it when units free up, so a reservation kept for it (as this once did) left
+        units idle that another query asked for (one waiting at its level barrier took the softmax share of
+        a query asking for 3)."""
+        self.kv_reuse[query] = kv_reuse
+        queries = list(self.kv_reuse)
+        capacity = [self.in_flight.get(q, 0) + (wanted if q == query else 0) for q in queries]
         # P_q: the query's hit rate so far with a uniform prior (Laplace), so a new query is not starved
         hit_rate = [(self.hits.get(q, 0) + 1) / (self.speculated.get(q, 0) + 2) for q in queries]
         k_spec = max(0, self.k_total - self.primary)
@@ -105,9 +107,7 @@ class SharedBudget:
         )
         free = k_spec - sum(self.in_flight.values())
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
-        granted = max(0, min(mine, free, wanted))
-        self.wanted[query] = wanted - granted
-        return granted
+        return max(0, min(mine, free, wanted))
 
     def started(self, query: int, units: int = 1) -> None:
         self.in_flight[query] = self.in_flight.get(query, 0) + units
@@ -124,7 +124,6 @@ class SharedBudget:
 
     def leave(self, query: int) -> None:
         """The query is done: it asks for nothing more (its speculation was cancelled and gave its units back)."""
-        self.wanted.pop(query, None)
         self.kv_reuse.pop(query, None)
         if not self.in_flight.get(query):
             self.in_flight.pop(query, None)
@@ -152,6 +151,7 @@ class Explorer:
         self.retract = retract
         self.counters = SpecCounters()
         self._jobs: dict[ChildKey, _Job] = {}
+        self._closed = False  # the search is done: a speculative expansion finishing late starts nothing more
 
     @property
     def speculating(self) -> bool:
@@ -213,7 +213,7 @@ class Explorer:
 
     def spare(self, wanted: int, depth: int = 1) -> int:
         """How many speculative expansions the query may start now (DFS: extra rollouts)."""
-        if not self.speculating or wanted <= 0:
+        if not self.speculating or wanted <= 0 or self._closed:
             return 0
         return self.budget.grant(self.query, wanted, kv_reuse=depth / (depth + 1))
 
@@ -265,7 +265,10 @@ class Explorer:
 
     async def close(self) -> None:
         """Cancel whatever is still running (the search is done), count what it wasted, and wait for the
-        cancelled tasks to end (so their budget and run time are counted before the query's record is made)."""
+        cancelled tasks to end (so their budget and run time are counted before the query's record is made).
+        A speculative expansion that finished in the search's last pass, its callback still queued, starts
+        nothing once the explorer is closed (it used to launch children nobody cancelled, after ``leave``)."""
+        self._closed = True
         pending = [job.task for job in self._jobs.values() if not job.task.done()]
         self.retain(lambda key: False)
         for task in pending:

@@ -4,8 +4,10 @@ REBASE, ETS, rStar and REST-MCTS all grow their trees one *expansion* at a time:
 Generator writes the next step after a state (one completion), and a reward scores the new state.
 An expansion is named by its ``ChildKey`` — the parent state, the parent's place in the tree and the
 child's index among its siblings — and its sampling seed is a pure function of that key and the run's
-seed, so the same child comes out whether the search asks for it, SPEX speculated it earlier, or another
-engine runs it: speculation changes when work happens, never what it produces. The place (``Node``: the
+seed, so the same child comes out whether the search asks for it or SPEX speculated it earlier, on spectot's
+engines whatever the batch (their seeded sampling is batch-invariant): speculation changes when work happens,
+never what it produces. A server whose seeded sampling depends on the batch (vLLM's) keeps the distribution but
+not the very text, so there a run with SPEX may differ from one without. The place (``Node``: the
 child indices from the root) keeps two nodes whose steps read alike apart: each samples its own children,
 as the plain algorithm does (keyed by text alone, they drew the same children, and SPEX's cache ran the
 duplicates once where the plain search ran them twice).
@@ -142,8 +144,12 @@ class Expander:
             return logprob_reward(out), 0
         if callable(self.reward):
             value = float(self.reward(self.problem, state))
-            if not math.isfinite(value):  # a NaN would win votes and UCT choices in silence
-                raise ValueError(f"the reward model returned {value} for a state of problem {self.problem.id}")
+            # a NaN would win votes and UCT choices in silence; outside [0, 1] the vote weights break (a negative
+            # one lets SPEX's termination rule settle a tie)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(
+                    f"the reward model returned {value} for a state of problem {self.problem.id}: rewards lie in [0, 1]"
+                )
             return value, 0
         [seed] = stream_seeds(self.seed, "SE", self.problem.id, state, node, n=1)
         judged = await self._complete(
