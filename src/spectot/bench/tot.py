@@ -6,7 +6,8 @@ tokens per target step and acceptance rate of the Thought Generator (TG) and Sta
 accuracy, whether the answers equal serial ``ar``'s, and the speedup over serial ``ar`` and over
 ``batched-ar``. A problem is one record (appended as it finishes), so an interrupted run resumes. With
 ``--in-flight N`` the continuous engines search N problems at once; such a unit's wall time is shared
-equally by its problems' records (their sum is the run's wall time).
+equally by its problems' records (their sum is the run's wall time). One untimed short generation runs first, so
+the first engine (usually ``ar``, the baseline) does not pay the process's first forwards.
 Greedy decoding makes every engine's tree identical to ``ar``'s; at temperature 1 (the default, as in
 the paper) ``ar`` and ``batched-ar`` still draw identical samples, speculative engines draw from the
 same distribution with other random numbers.
@@ -53,6 +54,8 @@ def run_bench_tot(
     (out / "profile.json").write_text(json.dumps(costs or {}))
     todo = [(t, e, i) for t in tasks for e in engines for i in range(opts.problems) if (t, e, i) not in records]
     made = {}  # one engine per (task, engine) across its problems, as `spectot solve --limit N` runs them
+    if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine
+        pipe.generate(["Warm-up: two plus two is", "A second row"], max_new_tokens=8, method="ar", batch_size=2)
     with progress_bar() as bar, contextlib.ExitStack() as engines_open:
         engines_open.callback(lambda: _close(made))  # a continuous engine's worker thread holds an OpenMP pool
         job = bar.add_task("bench tot", total=len(todo))
