@@ -128,9 +128,7 @@ def _braced(text: str, open_at: int) -> tuple[str, int] | None:
 # -- normalisation ---------------------------------------------------------------------------------
 def normalize_answer(answer: str) -> str:
     """A canonical string for a MATH answer, so that equal answers written differently compare equal."""
-    s = answer.strip()
-    boxed = extract_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
-    s = boxed if boxed is not None else s
+    s = _unboxed(answer.strip())
     s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     for spacing in ("\\,", "\\;", "\\:", "\\quad", "\\qquad", "~", "\\displaystyle"):
         s = s.replace(spacing, " ")
@@ -154,6 +152,12 @@ def normalize_answer(answer: str) -> str:
     s = _fix_a_slash_b(s)
     s = re.sub(r"^\(([A-Ea-e])\)$", r"\1", s)
     return s.lower() if WORD.fullmatch(s) else s  # "East" answers "east"; one letter keeps its case
+
+
+def _unboxed(s: str) -> str:
+    """The content of a leading \\boxed{...} / \\fbox{...}, else ``s``."""
+    boxed = extract_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
+    return boxed if boxed is not None else s
 
 
 def _strip_short_lhs(s: str) -> str:
@@ -208,9 +212,7 @@ def matrix_entries(answer: str) -> list[list[str]] | None:
     """The rows of entries of a matrix answer ('\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}' -> [['1', '0'],
     ['0', '1']]), whatever its environment (pmatrix, bmatrix, array with a column spec, inside \\left( \\right));
     None when the answer is not one matrix."""
-    s = answer.strip().strip("$").strip()
-    boxed = extract_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
-    s = (boxed if boxed is not None else s).replace("\\left", "").replace("\\right", "").strip()
+    s = _unboxed(answer.strip().strip("$").strip()).replace("\\left", "").replace("\\right", "").strip()
     s = s[1:-1].strip() if s[:1] + s[-1:] in ("()", "[]") else s
     match = MATRIX.fullmatch(s)
     if match is None:

@@ -95,11 +95,10 @@ def read_corpus(
             lines = ", ".join(map(str, short[:5])) + (", ..." if len(short) > 5 else "")
             logger.warning("%s: %d line(s) of fewer than 2 tokens dropped (lines %s)", path, len(short), lines)
     if not sequences:
-        malformed = [i for i in issues if not i.reason.endswith("nothing to predict")]
-        first = "; ".join(f"{i.path}:{i.line}: {i.reason}" for i in malformed[:3]) + "; ..." * (len(malformed) > 3)
+        first = "; ".join(f"{i.path}:{i.line}: {i.reason}" for i in issues[:3]) + ("; ..." if len(issues) > 3 else "")
         raise DataError(
-            f"no usable lines in {', '.join(paths)} ({len(malformed)} malformed, {dropped} too short)"
-            + (f": {first}" if malformed else "")
+            f"no usable lines in {', '.join(paths)} ({len(issues) - dropped} malformed, {dropped} too short)"
+            + (f": {first}" if issues else "")
         )
     return sequences, issues
 
@@ -183,7 +182,7 @@ def extract_features(
                     runner.commit({})
                 finally:
                     runner.release(stream)
-                keep = -min(window or len(sequences[i]), len(sequences[i]))
+                keep = -window if window else 0  # [-window:] is the whole sequence when it is shorter
                 probs = result.logits[0][keep:].softmax(-1)  # (T, V) float32
                 top = probs.topk(top_k, dim=-1)
                 records.append(

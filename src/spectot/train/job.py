@@ -51,9 +51,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
             "trained at 47 tokens/s against 1,850 with --precision fp32; use --precision fp32 here"
         )
     tokenizer = target.tokenizer
-    init_folder = _starting_folder(options.init, model.target, options.kind, target.model)
+    init_folder, init_config = _starting_folder(options.init, model.target, options.kind, target.model)
     # --init keeps the draft's hidden layer: its features must come from the layer it reads at inference
-    init_layer = DraftDecoder.read_config(init_folder).hidden_layer if init_folder else None
+    init_layer = init_config.hidden_layer if init_config else None
     hidden_layer = options.hidden_layer if init_layer is None else init_layer
 
     def encode_chat(text: str) -> list[int]:  # a prompt, as Pipeline.encode feeds it at inference
@@ -177,14 +177,14 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     return result
 
 
-def _starting_folder(init: str, target_name: str, kind: str, target: Any) -> Path | None:
-    """The folder of the draft ``--init`` names (None without one), checked before any feature is
-    extracted: it must be a draft of ``kind`` trained for this target."""
+def _starting_folder(init: str, target_name: str, kind: str, target: Any) -> tuple[Path | None, Any]:
+    """The folder of the draft ``--init`` names and its config ((None, None) without one), checked before any
+    feature is extracted: it must be a draft of ``kind`` trained for this target."""
     from spectot.models.draft_decoder import DraftDecoder, trained_for
     from spectot.pipeline import draft_decoder_folder
 
     if not init:
-        return None
+        return None, None
     folder = draft_decoder_folder(init, target_name)
     if folder is None:
         raise ValueError(f"--init {init}: not a draft folder (no draft.json) nor a shipped draft (edd, vdm)")
@@ -193,7 +193,7 @@ def _starting_folder(init: str, target_name: str, kind: str, target: Any) -> Pat
         raise ValueError(f"--init {init} holds a draft of kind {config.kind}: pass --kind {config.kind}")
     if not trained_for(config, target):
         raise ValueError(f"--init {init} was trained for another target (embedding fingerprint differs)")
-    return folder
+    return folder, config
 
 
 def _features_name(path: str) -> str:

@@ -131,8 +131,9 @@ class DraftDecoderProposer:
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
         requests = [self._with_unread(r) for r in requests]
         policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
-        for policy in policies.values():  # a tree budget may hand out another policy than the proposer's own
-            refuse_sampled_pruning(policy, mode)
+        if mode != "top":  # a tree budget may hand out another policy than the proposer's own
+            for policy in policies.values():
+                refuse_sampled_pruning(policy, mode)
         # a tree of the root alone (the hardware-aware rule picks n = 1 for a large batch) drafts nothing
         active = [r for r in requests if r.k > 0 and self._room(r) > 0 and policies[r.key].max_depth > 0]
         drafting = {r.key for r in active}

@@ -82,8 +82,8 @@ class TreePolicy(Protocol):
 def refuse_sampled_pruning(policy: TreePolicy | None, children: str) -> None:
     """A policy that keeps or drops siblings by their own draft probability (PCT, CaPE, EAGLE-2) turns sampled
     siblings into something other than the independent / without-replacement draws from q that verification
-    assumes (q = [0.9, 0.1], two draws, keep the likelier: the kept child is always the first token, and
-    verifying it as one draw from q emits it with probability p/q's rule gives a fresh draw, not p's)."""
+    assumes (q = [0.9, 0.1], two draws, keep the likelier: the kept child is always the first token, yet it is
+    verified as one fresh draw from q, so with p = [0.5, 0.5] the output is 0.556 / 0.444, not p)."""
     if children != "top" and getattr(policy, "prunes_siblings", False):
         raise ValueError(
             f"{type(policy).__name__} keeps or drops siblings by their draft probability, so sampled siblings "
