@@ -77,7 +77,7 @@ class ScriptedBackend:
     async def complete(self, request: CompletionRequest) -> Completion:
         self.log.append(request)
         try:
-            await asyncio.sleep(self.rng.random() * self.max_latency)
+            await asyncio.sleep(self.latency(request))
         except asyncio.CancelledError:
             self.cancelled += 1
             self.cancelled_ids.add(id(request))
@@ -88,6 +88,9 @@ class ScriptedBackend:
         else:
             text = f"answer {h % 3}" if h % 4 == 0 else f"w{h % 97}"
         return Completion(text, "stop", 4, 2)
+
+    def latency(self, request: CompletionRequest) -> float:
+        return self.rng.random() * self.max_latency
 
     async def aclose(self) -> None:
         pass
@@ -208,6 +211,85 @@ def test_units_a_query_was_refused_are_not_held_for_it() -> None:
     assert budget.grant(0, wanted=10, kv_reuse=1.0) == 0
     budget.primary = 2
     assert budget.grant(1, wanted=3, kv_reuse=0.5) == 3
+
+
+def test_a_refused_query_is_woken_once_when_units_free_up() -> None:
+    budget, calls = SharedBudget(k_total=4), []
+    budget.primary = 4
+    assert budget.grant(0, wanted=2, kv_reuse=1.0, wake=lambda: calls.append(0)) == 0
+    assert budget.grant(1, wanted=2, kv_reuse=1.0, wake=lambda: calls.append(1)) == 0
+    budget.primary_finished()
+    assert calls == [0, 1]  # each refused query once, in the order they asked
+    budget.primary_finished()
+    assert calls == [0, 1]  # nobody asked again
+    assert budget.grant(0, wanted=1, kv_reuse=1.0, wake=lambda: calls.append(9)) == 1  # granted: no wake-up kept
+    budget.started(0)
+    budget.grant(1, wanted=8, kv_reuse=1.0, wake=lambda: calls.append(1))
+    budget.leave(1)  # a query that is done is not woken
+    budget.finished(0)
+    assert calls == [0, 1]
+
+
+class Straggler(ScriptedBackend):
+    """The search's first request takes 20 s, every other one 1 s; logs when each request starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts: list[tuple[float, int]] = []  # (time, priority)
+
+    def latency(self, request: CompletionRequest) -> float:
+        self.starts.append((asyncio.get_running_loop().time(), int(request.priority)))
+        return 20.0 if len(self.log) == 1 else 1.0
+
+
+@pytest.mark.parametrize(("algorithm", "mode"), [("rebase", "exact"), ("rstar", "exact"), ("rstar", "fold")])
+def test_a_refused_query_speculates_as_soon_as_another_querys_work_ends(algorithm, mode) -> None:
+    """Another query's primary work fills k_total until t = 5, so this query's first asks are refused. It starts
+    speculating at t = 5, while its straggler still runs (to t = 20); before the wake-up it asked again only when
+    one of its own expansions ended (BFS: at t = 21, its level done; DFS: the straggling rollout's first step)."""
+    backend, budget = Straggler(), SharedBudget(k_total=4)
+    budget.primary = 4  # the other query's
+
+    async def other_query_ends() -> None:
+        await asyncio.sleep(5)
+        for _ in range(4):
+            budget.primary_finished()
+
+    async def main():
+        expander = Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=0)  # its first level: no answers
+        source = Explorer(expander, budget, lookahead=2)
+        other = asyncio.create_task(other_query_ends())
+        try:
+            config = TreeSearchConfig(algorithm, budget=4, dfs_speculation=mode)
+            search = reward_balanced_search if algorithm == "rebase" else mcts_search
+            return await search(ToyTask(), PROBLEM, source, config, None)
+        finally:
+            await source.close()
+            await other
+
+    run_virtual(main())
+    first_speculative = min(t for t, priority in backend.starts if priority != PRIMARY)
+    assert first_speculative == pytest.approx(5.0)
+
+
+def test_a_late_wake_up_starts_nothing_the_search_moved_away_from() -> None:
+    """A level child refused speculation keeps its ask; if the search drops that child's subtree (``retain``) before
+    units free up, the wake-up must not start its children."""
+    budget = SharedBudget(k_total=2)
+    budget.primary = 2
+
+    async def main():
+        explorer = Explorer(Expander(ToyTask(), PROBLEM, ScriptedBackend(), "self_eval"), budget)
+        child = Child.make_dummy((), 0, reward=0.9)
+        explorer._speculate_children([child], 0, width_rule(TreeSearchConfig("rebase", budget=2)), 2, 1)
+        assert not explorer._jobs and budget.waiting  # refused, asking again later
+        explorer.retain(lambda key: key.at != child.node)  # the search moves on without it
+        budget.primary_finished()
+        launched = list(explorer._jobs)
+        await explorer.close()
+        return launched
+
+    assert run_virtual(main()) == []
 
 
 def test_early_finishers_get_the_width_they_would_get_beside_their_running_siblings() -> None:

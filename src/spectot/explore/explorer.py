@@ -88,14 +88,15 @@ class SharedBudget:
     primary: int = 0  # primary expansions running, all queries
     hits: dict[int, int] = field(default_factory=dict)
     speculated: dict[int, int] = field(default_factory=dict)
+    waiting: dict[int, Callable[[], None]] = field(default_factory=dict)  # refused queries' wake-ups (``grant``)
 
-    def grant(self, query: int, wanted: int, kv_reuse: float) -> int:
+    def grant(self, query: int, wanted: int, kv_reuse: float, wake: Callable[[], None] | None = None) -> int:
         """How many more speculative expansions ``query`` may start now (it starts them at once: ``started``).
         C_q counts a query's running speculation, plus what it asks for now if it is the one asking. What a
-        query asked for and was not granted is not held for it: it asks again when one of its expansions
-        ends, and nothing wakes it when units free up, so a reservation kept for it (as this once did) left
-        units idle that another query asked for (one waiting at its level barrier took the softmax share of
-        a query asking for 3)."""
+        query asked for and was not granted is not held for it (a reservation kept for it, as this once did,
+        left units idle that another query asked for: one waiting at its level barrier took the softmax share
+        of a query asking for 3); instead ``wake``, if given, is called once when units next free up (any
+        query's expansion ending), so the query asks again at once rather than when its own work next ends."""
         self.kv_reuse[query] = kv_reuse
         queries = list(self.kv_reuse)
         capacity = [self.in_flight.get(q, 0) + (wanted if q == query else 0) for q in queries]
@@ -107,13 +108,27 @@ class SharedBudget:
         )
         free = k_spec - sum(self.in_flight.values())
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
-        return max(0, min(mine, free, wanted))
+        granted = max(0, min(mine, free, wanted))
+        if granted < wanted and wake is not None:
+            self.waiting[query] = wake  # the latest ask stands for the query's earlier ones
+        return granted
 
     def started(self, query: int, units: int = 1) -> None:
         self.in_flight[query] = self.in_flight.get(query, 0) + units
 
     def finished(self, query: int, units: int = 1) -> None:
         self.in_flight[query] -= units
+        self._freed()
+
+    def primary_finished(self) -> None:
+        self.primary -= 1
+        self._freed()
+
+    def _freed(self) -> None:
+        """Units freed up: every query refused earlier asks again (in the order they asked; ``allocate`` splits)."""
+        waiting, self.waiting = self.waiting, {}
+        for wake in waiting.values():
+            wake()
 
     def tried(self, query: int) -> None:
         """One more speculative unit (an expansion, or a folded-in rollout) that may become a hit."""
@@ -125,6 +140,7 @@ class SharedBudget:
     def leave(self, query: int) -> None:
         """The query is done: it asks for nothing more (its speculation was cancelled and gave its units back)."""
         self.kv_reuse.pop(query, None)
+        self.waiting.pop(query, None)
         if not self.in_flight.get(query):
             self.in_flight.pop(query, None)
 
@@ -152,6 +168,8 @@ class Explorer:
         self.counters = SpecCounters()
         self._jobs: dict[ChildKey, _Job] = {}
         self._closed = False  # the search is done: a speculative expansion finishing late starts nothing more
+        self._asks: dict[int, Callable[[], None]] = {}  # BFS: per depth, the speculation the budget refused
+        self._keep: Callable[[ChildKey], bool] = lambda key: True  # the search's latest ``retain``
 
     @property
     def speculating(self) -> bool:
@@ -211,11 +229,12 @@ class Explorer:
             self._speculate_children(finished, len(tasks) - len(finished), rule, budget, self.lookahead)
         return [t.result() for t in tasks]
 
-    def spare(self, wanted: int, depth: int = 1) -> int:
-        """How many speculative expansions the query may start now (DFS: extra rollouts)."""
+    def spare(self, wanted: int, depth: int = 1, wake: Callable[[], None] | None = None) -> int:
+        """How many speculative expansions the query may start now (DFS: extra rollouts); if fewer than
+        ``wanted``, ``wake`` is called once when units free up (the search asks again then)."""
         if not self.speculating or wanted <= 0 or self._closed:
             return 0
-        return self.budget.grant(self.query, wanted, kv_reuse=depth / (depth + 1))
+        return self.budget.grant(self.query, wanted, depth / (depth + 1), wake)
 
     def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task:
         """Run a unit of the search's own work (a DFS rollout); a speculative one holds ``units`` of budget (the
@@ -253,7 +272,10 @@ class Explorer:
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
         """Cancel every unused speculative expansion whose key ``keep`` rejects (and free its budget);
-        ``running_only``: a finished one stays."""
+        ``running_only``: a finished one stays. Without it this is the search moving on: ``keep`` also bounds
+        what speculation may start from now on."""
+        if not running_only:
+            self._keep = keep
         for key, job in list(self._jobs.items()):
             if job.speculative and not job.used and not keep(key) and not (running_only and job.task.done()):
                 if not job.task.done():
@@ -292,9 +314,28 @@ class Explorer:
             self._retract({c.node: w for c, w in zip(candidates, widths)})
         keys = [ChildKey(c.state, i, c.node) for c, w in zip(candidates, widths) for i in range(w)]
         keys = [k for k in keys if k not in self._jobs]
-        for key in keys[: self.spare(len(keys), depth=len(candidates[0].state))]:
+        again = list(siblings)
+        for key in self._granted(
+            keys, len(candidates[0].state), lambda: self._speculate_children(again, pending, rule, budget, depth_left)
+        ):
             task = self._launch(key)
             task.add_done_callback(lambda t, b=open_budget, d=depth_left: self._after_speculative(t, rule, b, d))
+
+    def _granted(self, keys: list[ChildKey], depth: int, again: Callable[[], None]) -> list[ChildKey]:
+        """The ``keys`` (children at ``depth``) the budget grants now; if not all, ``again`` runs when units free
+        up (the level's latest ask stands for its earlier ones)."""
+        keys = [k for k in keys if self._keep(k)]  # a late ask must not revive what the search has moved away from
+        granted = keys[: self.spare(len(keys), depth, wake=self._woken)]
+        if len(granted) < len(keys):
+            self._asks[depth] = again
+        else:
+            self._asks.pop(depth, None)
+        return granted
+
+    def _woken(self) -> None:
+        asks, self._asks = self._asks, {}
+        for ask in asks.values():
+            ask()
 
     def _retract(self, widths: dict[Node, int]) -> None:
         """Cancel the running speculative children of these parents (by place) beyond their latest predicted
@@ -321,10 +362,7 @@ class Explorer:
         """``task`` counts as primary work in flight (against k_total) until it ends."""
         if self.budget is not None:
             self.budget.primary += 1
-            task.add_done_callback(lambda t: self._primary_done())
-
-    def _primary_done(self) -> None:
-        self.budget.primary -= 1
+            task.add_done_callback(lambda t: self.budget.primary_finished())
 
     def _launch(self, key: ChildKey, hold: bool = True, priority: int = SPECULATIVE) -> asyncio.Task:
         """A speculative expansion at ``key``; ``hold``: it holds budget itself (not a pre-run's step)."""

@@ -36,6 +36,9 @@ class OracleExplorer(Explorer):
         if depth_left <= 0 or not siblings:
             return
         keys = [k for c in siblings for k in self.children.get(c.node, ()) if k not in self._jobs]
-        for key in keys[: self.spare(len(keys), depth=len(siblings[0].state))]:
+        again = list(siblings)
+        for key in self._granted(
+            keys, len(siblings[0].state), lambda: self._speculate_children(again, pending, rule, budget, depth_left)
+        ):
             task = self._launch(key)
             task.add_done_callback(lambda t, d=depth_left: self._after_speculative(t, rule, budget, d))

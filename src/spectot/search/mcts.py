@@ -191,7 +191,7 @@ def _pre_run(
     selections = _predicted(tree, chains, primary, remaining, c)
     predicted = [(start, ChildKey(start.state, i, start.node)) for start, i in selections]
     predicted = [(start, key) for start, key in predicted if key not in ahead or key in running]  # finished: kept
-    new = source.spare((len(predicted) - len(running)) * tree.width) // tree.width
+    new = source.spare((len(predicted) - len(running)) * tree.width, wake=primary.progress.set) // tree.width
     keep = predicted[: len(running) + new]
     for key in running - {key for _, key in keep}:
         t, dropped = ahead.pop(key)
@@ -265,6 +265,7 @@ async def _folding_search(
     leaves: list[Child] = []
     consumed: list[Child] = []
     launched = folded = 0
+    freed = asyncio.Event()  # budget units freed up after the query was refused some: it asks again
 
     def launch(path: tuple[int, ...], speculative: bool) -> _Rollout:
         nonlocal launched
@@ -296,7 +297,8 @@ async def _folding_search(
                     launched, folded = launched + 1, folded + 1
                     continue
             # -- speculate: the next selections under virtual loss, within the query's budget
-            spare = source.spare((config.budget - launched) * tree.width, depth=1) // tree.width
+            freed.clear()
+            spare = source.spare((config.budget - launched) * tree.width, 1, freed.set) // tree.width
             for _ in range(max(0, min(spare, config.budget - launched))):
                 path = uct_path(tree.uct_view(list(running.values())), config.c)
                 if not tree.free(path[-1]):
@@ -304,8 +306,10 @@ async def _folding_search(
                 launch(path, speculative=True)
             if not running:
                 break
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for finished in done:
+            woken = asyncio.ensure_future(freed.wait())
+            done, _ = await asyncio.wait([*running, woken], return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+            for finished in done - {woken}:
                 rollout = running.pop(finished)
                 if rollout.live is not None and finished.exception() is not None:
                     # a rollout started speculatively failed (a timeout, an aborted low-priority request): a

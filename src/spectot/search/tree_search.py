@@ -87,7 +87,7 @@ class ChildSource(Protocol):
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None: ...
 
-    def spare(self, wanted: int, depth: int = 1) -> int: ...
+    def spare(self, wanted: int, depth: int = 1, wake: Callable[[], None] | None = None) -> int: ...
 
     def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task: ...
 
@@ -120,7 +120,7 @@ class PlainSource:
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
         pass
 
-    def spare(self, wanted: int, depth: int = 1) -> int:
+    def spare(self, wanted: int, depth: int = 1, wake: Callable[[], None] | None = None) -> int:
         return 0
 
     def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task:
