@@ -374,7 +374,18 @@ def test_mcts_without_speculation_is_the_plain_algorithm(algorithm) -> None:
     plain, _, _ = run(mcts_search, PlainSource, config)
     off, _, _ = run(mcts_search, lambda e: Explorer(e, None), config)
     assert shape(plain) == shape(off)
-    assert 1 <= len(plain.leaves) <= 6  # a re-selected terminal node backs its reward up again, no new leaf
+    # a re-selected terminal node backs its reward up again, no new leaf; REST-MCTS's answered siblings are leaves
+    assert 1 <= len(plain.leaves) <= 6 * config.rest_children if algorithm == "rest-mcts" else 6
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_answer_rest_mcts_expands_votes_once(seed) -> None:
+    """A step expands ``rest_children`` children and keeps the best; an answered sibling it did not keep was paid
+    for but never voted (and UCT's first visit to it only backed its reward up again)."""
+    config = TreeSearchConfig("rest-mcts", budget=8, max_children=3, rest_children=3)
+    result, _, _ = run(mcts_search, PlainSource, config, run_seed=seed)
+    answered = [c.state for c in result.expansions if c.final]
+    assert sorted(c.state for c in result.leaves if c.final) == sorted(answered)
 
 
 @pytest.mark.parametrize("algorithm", ["rstar", "rest-mcts"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectot.data.jsonl import DataError
+from spectot.search.rebase import weighted_vote
 from spectot.tasks.base import Problem
 from spectot.tasks.math500 import Math500Task, extract_boxed, is_equiv, latex_to_sympy, load_problems, normalize_answer
 
@@ -197,6 +198,30 @@ def test_unparseable_and_missing_predictions_are_wrong() -> None:
     assert not is_equiv("", "1")
     assert not is_equiv("__import__('os')", "1")
     assert normalize_answer("\\left( 3, \\dfrac{\\pi}{2} \\right).") == "(3,\\frac{\\pi}{2})"
+
+
+@pytest.mark.parametrize(
+    "answer", ["()", "\\frac{}{}", "\\frac{1}{}", "2^{}", "f()", "x()", "(())", "{}", "\\left(\\right)"]
+)
+def test_empty_groups_are_wrong_answers_not_errors(answer: str) -> None:
+    """'()' parsed to a Python tuple and '\\frac{}{}' to a sympy Tuple: the power check raised AttributeError and
+    one such leaf aborted the whole search's vote."""
+    assert latex_to_sympy(answer) is None
+    assert not is_equiv(answer, "5") and not is_equiv("5", answer)
+    assert Math500Task().grade(Problem("p", "q", "5"), answer) == 0.0
+
+
+def test_the_vote_groups_fractions_by_value_whatever_the_leaf_order() -> None:
+    """Grading keeps PRM800K's rule (an unreduced fraction is wrong), but the vote groups by value: 1.5 equalled
+    both 3/2 and 6/4 while they differed, so the winner depended on the order of the leaves."""
+    task = Math500Task()
+    assert not is_equiv("\\frac{6}{4}", "\\frac{3}{2}")
+    assert task.same_answer("\\frac{6}{4}", "\\frac{3}{2}") and task.same_answer("\\dfrac{-4}{2}", "-2")
+    assert not task.same_answer("\\frac{6}{4}", "\\frac{4}{6}") and not task.same_answer("\\frac{1}{0}", "1")
+    weights = {"1.5": 0.5, "\\frac{6}{4}": 0.5, "\\frac{3}{2}": 0.5, "2": 1.2}
+    for order in (list(weights), ["\\frac{3}{2}", "\\frac{6}{4}", "1.5", "2"]):
+        groups = weighted_vote(order, [weights[a] for a in order], task.same_answer)
+        assert groups[0].count == 3 and groups[0].weight == pytest.approx(1.5)
 
 
 def test_prompts_hold_question_and_steps() -> None:

@@ -6,7 +6,8 @@ One simulation (llm-reasoners' phases):
                REST-MCTS: each step expands ``rest_children`` children (fewer at a node's last indices,
                so it gets all ``max_children``) and keeps the best by process reward
     _fold      the rollout's nodes join the tree; its terminal reward is backed up along the path
-``budget`` simulations in all; the answer is the weighted vote over the terminal leaves.
+``budget`` simulations in all; the answer is the weighted vote over the terminal leaves (REST-MCTS: with the
+answered siblings a step expanded and did not keep).
 
 Deviations from the papers, which change results: rStar (Qi et al. 2024) has five actions (A1 one-step thought,
 A2 the remaining steps, A3 a sub-question, A4 re-answer it, A5 rephrase the question); here only A1. It picks
@@ -149,13 +150,14 @@ async def _exact_search(
                 taken[0].add_done_callback(_quiet)  # a failed pre-run is a miss (its steps are run again)
             while not run.done():
                 progress.clear()
-                _pre_run(source, tree, rollout, ahead, config.budget - simulation - 1, config.c)
+                if source.speculating:  # the prediction costs seconds of CPU at large budgets: only when used
+                    _pre_run(source, tree, rollout, ahead, config.budget - simulation - 1, config.c)
                 woken = asyncio.ensure_future(progress.wait())
                 pre_runs = [t for t, _ in ahead.values() if not t.done()]
                 await asyncio.wait([run, woken, *pre_runs], return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
             run.result()  # a failed expansion fails the search
-            leaves.append(_fold(tree, rollout))
+            leaves += _fold(tree, rollout)
             consumed += [c for step in rollout.chain for c in step]
             if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
@@ -320,7 +322,7 @@ async def _folding_search(
                         primary = None
                     continue
                 finished.result()  # a failed primary expansion fails the search
-                leaf = _fold(tree, rollout)
+                folded_leaves = _fold(tree, rollout)
                 consumed += [c for step in rollout.chain for c in step]
                 source.used(rollout.ran_speculatively)
                 folded += 1
@@ -328,7 +330,7 @@ async def _folding_search(
                     source.promote()
                 if rollout is primary:
                     primary = None
-                leaves.append(leaf)
+                leaves += folded_leaves
             if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
         return result_of(task, problem, leaves, consumed, stopped=False)
@@ -369,12 +371,13 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
             return
 
 
-def _fold(tree: _Tree, r: _Rollout) -> Child:
-    """Add the rollout's nodes and back up its reward; returns its last child (terminal, or unanswered at
-    the depth limit)."""
+def _fold(tree: _Tree, r: _Rollout) -> list[Child]:
+    """Add the rollout's nodes and back up its reward; returns the leaves it brings to the vote: its last child
+    (terminal, or unanswered at the depth limit), then REST-MCTS's finished siblings it did not keep (answers the
+    search paid for: left out, they never voted, and UCT's first visit to one only backed its reward up again)."""
     path, leaf = _graft(tree, r.path, r.chain), r.chain[-1][0]
     tree.stats = backup(tree.stats, path, leaf.reward)
-    return leaf
+    return [leaf, *(c for step in r.chain for c in step[1:] if c.final)]
 
 
 def _graft(tree: _Tree, path: tuple[int, ...], chain: list[list[Child]]) -> tuple[int, ...]:

@@ -87,6 +87,9 @@ class ChildSource(Protocol):
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None: ...
 
+    @property
+    def speculating(self) -> bool: ...
+
     def spare(self, wanted: int, depth: int = 1, wake: Callable[[], None] | None = None) -> int: ...
 
     def start(self, work: Coroutine[Any, Any, Any], speculative: bool, units: int = 1) -> asyncio.Task: ...
@@ -119,6 +122,10 @@ class PlainSource:
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
         pass
+
+    @property
+    def speculating(self) -> bool:
+        return False
 
     def spare(self, wanted: int, depth: int = 1, wake: Callable[[], None] | None = None) -> int:
         return 0

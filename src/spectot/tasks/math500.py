@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,27 @@ def is_equiv(pred: str | None, gold: str) -> bool:
     return _symbolically_equal(a, b)
 
 
+def same_value(a: str, b: str) -> bool:
+    """``is_equiv`` for grouping votes: integer fractions compared by value, so \\frac{6}{4}, \\frac{3}{2} and 1.5
+    are one answer. (Grading keeps PRM800K's rule that they be written alike; voting by it split one value's
+    weight, and in an order-dependent way, since 1.5 equals both fractions while they differ.)"""
+    return is_equiv(_reduced_fractions(a), _reduced_fractions(b))
+
+
+def _reduced_fractions(answer: str) -> str:
+    """Every integer \\frac (\\dfrac, \\tfrac) in lowest terms: '\\frac{6}{4}' -> '\\frac{3}{2}', '\\frac{4}{2}' -> '2'."""
+
+    def reduce(match: re.Match) -> str:
+        num, den = int(match[1]), int(match[2])
+        if den == 0:
+            return match[0]
+        g = math.gcd(num, den) * (-1 if den < 0 else 1)
+        num, den = num // g, den // g
+        return str(num) if den == 1 else f"\\frac{{{num}}}{{{den}}}"
+
+    return re.sub(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}", reduce, answer)
+
+
 def matrix_entries(answer: str) -> list[list[str]] | None:
     """The rows of entries of a matrix answer ('\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}' -> [['1', '0'],
     ['0', '1']]), whatever its environment (pmatrix, bmatrix, array with a column spec, inside \\left( \\right));
@@ -360,8 +382,13 @@ def latex_to_sympy(s: str) -> Any | None:
     names.update(i=sympy.I, pi=sympy.pi, oo=sympy.oo, ln=sympy.log)
     transformations = (*standard_transformations, implicit_multiplication_application, convert_xor, rationalize)
     try:
-        expr = parse_expr(text, local_dict=names, transformations=transformations, evaluate=False)
+        with warnings.catch_warnings():  # malformed input ('\\frac{}{}') builds Pow(Tuple): deprecated, refused below
+            warnings.simplefilter("ignore", sympy.utilities.exceptions.SymPyDeprecationWarning)
+            expr = parse_expr(text, local_dict=names, transformations=transformations, evaluate=False)
     except Exception:  # noqa: BLE001 - sympy's parser raises anything from SyntaxError to TypeError
+        return None
+    # one expression only: '()' parses to a Python tuple, '\\frac{}{}' or 'f()' to a sympy Tuple inside one
+    if not isinstance(expr, sympy.Expr) or expr.has(sympy.Tuple):
         return None
     return expr if _powers_are_small(expr) else None
 
@@ -489,4 +516,4 @@ class Math500Task(Task):
         return 1.0 if answer and is_equiv(answer, str(problem.answer)) else 0.0
 
     def same_answer(self, a: str, b: str) -> bool:
-        return is_equiv(a, b)
+        return same_value(a, b)
