@@ -225,5 +225,10 @@ def test_hidden_states_travel_with_their_entries_and_only_to_forks_that_ask_for_
     # an entry with hidden states is not "covered" by a longer one without them
     prefix.keep(make_stream(kv, [7, 8]), [7, 8], hidden[:2], hidden_layer=-4)
     assert prefix.fork([7, 8, 5], hidden_layer=-4).length == 2
+    # nor replaced by a longer entry without them (an EDD fork found nothing after a plain run kept its text)
+    prefix.keep(make_stream(kv, [7, 8, 9, 9]), [7, 8, 9, 9])
+    assert prefix.fork([7, 8, 5], hidden_layer=-4).length == 2
+    refused = make_stream(kv, [6, 6, 6])
     with pytest.raises(ValueError, match="one row per token"):
-        prefix.keep(make_stream(kv, [6, 6, 6]), [6, 6, 6], hidden[:2], hidden_layer=-4)
+        prefix.keep(refused, [6, 6, 6], hidden[:2], hidden_layer=-4)
+    assert refused not in kv.streams  # released even so: a refused keep leaked the caller's stream

@@ -369,6 +369,52 @@ def test_forward_needs_a_tree(tiny_llama) -> None:
         ModelRunner(tiny_llama(0)).forward([])
 
 
+def test_inconsistent_forward_arguments_are_refused_before_any_work(tiny_llama) -> None:
+    """The same stream twice (both trees would sit at its length: the second's keys at the wrong positions, then
+    appended), a logit_rows list per tree short, a hidden layer past the model's (it wrapped around), accepted
+    nodes for a stream not in the forward (silently kept nothing): each refused, the cache as it was."""
+    runner = ModelRunner(tiny_llama(0))
+    sid, other = prefill(runner, [1, 2, 3]), prefill(runner, [4, 5])
+    used = runner.cache.used
+    chain = TokenTree.chain([6, 7])
+    with pytest.raises(ValueError, match="twice"):
+        runner.forward([StreamTree(sid, chain), StreamTree(sid, chain)])
+    with pytest.raises(ValueError, match="one list per tree"):
+        runner.forward([StreamTree(sid, chain), StreamTree(other, chain)], logit_rows=[[1]])
+    with pytest.raises(ValueError, match="hidden_layer"):
+        runner.forward([StreamTree(sid, chain)], hidden_layer=len(runner._layers) + 1)
+    assert runner.cache.used == used
+    runner.forward([StreamTree(sid, chain)])
+    with pytest.raises(ValueError, match="not all in the forward"):
+        runner.commit({other: [0]})
+    runner.commit({sid: [0, 1]})  # the refused commit left the forward pending
+    assert runner.cache.length(sid) == 5 and runner.cache.length(other) == 2
+
+
+def test_one_row_returns_the_logit_rows_asked_for_on_every_path(tiny_llama) -> None:
+    """A one-node tree took the native one-row path, which returned its row whatever ``logit_rows`` asked."""
+    model = copy.deepcopy(tiny_llama(0)).to(torch.bfloat16)  # the fixture's model is shared
+    for kernels in ("spectot", "torch"):
+        runner = ModelRunner(model, kernels=kernels)
+        sid = prefill(runner, [1, 2, 3])
+        out = runner.forward([StreamTree(sid, TokenTree.chain([4]))], logit_rows=[[]])
+        assert out.logits[0].shape[0] == 0
+        runner.commit_all()
+
+
+def test_draft_rows_refuses_bad_ancestors_without_holding_slots(tiny_llama) -> None:
+    runner = ModelRunner(copy.deepcopy(tiny_llama(0)).to(torch.bfloat16), kernels="spectot")
+    if not runner.drafts_natively:
+        pytest.skip("the native layer loop did not build here")
+    sid, scratch = prefill(runner, [1, 2, 3]), runner.new_stream()
+    used = runner.cache.used
+    with pytest.raises(ValueError, match="ancestor"):
+        runner.draft_rows(sid, scratch, torch.tensor([4, 5]), [1, 2], [[], [3]], k=2)  # scratch holds no entry 3
+    with pytest.raises(ValueError, match="one depth"):
+        runner.draft_rows(sid, scratch, torch.tensor([4, 5]), [1], [[], []], k=2)
+    assert runner.cache.used == used
+
+
 def test_forward_past_the_cache_capacity_grows_it(tiny_llama) -> None:
     # Regression: growing the cache inside torch.inference_mode made its tensors inference
     # tensors, and the next in-place refcount update (commit, release) raised.

@@ -9,7 +9,7 @@ New tokens are always written at the tail (slots ``used .. used + N - 1``). Remo
 the tail (the rejected nodes of a verified tree, a truncated draft) shifts the few later slots
 down, so the buffer stays dense. Slots freed deeper down (a released stream, an evicted prefix)
 become *holes*, left in place: shifting the whole tail on every finished stream cost O(used) each
-time (8% of a REBASE run's time). Once holes make up half of the used slots, or the buffer would
+time (8% of a REBASE run's time). Once holes make up more than half of the used slots, or the buffer would
 grow, one shift removes them all. A stream's view of the buffer is exactly what prefilling its
 tokens would give either way: holes are held by no stream.
 

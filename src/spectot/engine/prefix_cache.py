@@ -16,8 +16,10 @@ An entry may also carry the target's hidden states of one layer at its tokens (w
 reads for every token it drafts after): ``fork(tokens, hidden_layer=i)`` matches only entries kept
 with layer i's states and hands back the prefix's rows.
 
-Worked example: keep A = [1 2 3 4 5 6]; prompt [1 2 3 4 9] forks A truncated to 4 tokens and runs
-only [9]; keep B = [1 2 3 4 5 6 7 8] then replaces A (A is B's prefix).
+Worked example (``min_match`` <= 4; the default asks for 16 common tokens): keep A = [1 2 3 4 5 6]; prompt
+[1 2 3 4 9] forks A truncated to 4 tokens and runs only [9]; keep B = [1 2 3 4 5 6 7 8] then replaces A (A is
+B's prefix). An entry with hidden states is not replaced by a longer one without them (or with another layer's):
+the two are kept side by side, so an EDD draft's fork still finds its rows.
 """
 
 from __future__ import annotations
@@ -89,17 +91,21 @@ class PrefixCache:
         self, sid: int, tokens: Sequence[int], hidden: torch.Tensor | None = None, hidden_layer: int | None = None
     ) -> None:
         """Take over stream ``sid``, whose KV holds exactly ``tokens`` (and ``hidden``: the hidden
-        states of ``hidden_layer`` at them, for drafts that read them); it is released when evicted."""
+        states of ``hidden_layer`` at them, for drafts that read them); it is released when evicted, or at once
+        when not kept (also when the arguments are refused)."""
         held = np.asarray(tokens, dtype=np.int64)
         if hidden is not None and (hidden_layer is None or len(hidden) != len(held)):
+            self.streams.release(sid)  # taken over even so: the caller's stream is never left to leak
             raise ValueError(f"hidden states need their layer and one row per token ({len(hidden)} for {len(held)})")
         layer = None if hidden is None else hidden_layer
         too_long = len(held) > self.max_tokens  # kept, it would evict every other entry and then itself
         if self.max_tokens == 0 or too_long or len(held) < self.min_match or self._covered(held, layer):
             self.streams.release(sid)
             return
-        for other, other_tokens in list(self._entries.items()):  # entries that are prefixes of this one
-            if len(other_tokens) <= len(held) and np.array_equal(held[: len(other_tokens)], other_tokens):
+        for other, other_tokens in list(self._entries.items()):  # entries this one covers: its prefixes, unless
+            other_layer = self._hidden.get(other, (None,))[0]  # they carry hidden states this one does not
+            prefix = len(other_tokens) <= len(held) and np.array_equal(held[: len(other_tokens)], other_tokens)
+            if prefix and other_layer in (None, layer):
                 self._drop(other)
         self._entries[sid] = held
         if hidden is not None:

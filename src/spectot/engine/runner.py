@@ -4,8 +4,9 @@ The runner owns a model's flat KV cache (``kv_cache.py``) and its own attention;
 norms, MLPs and rotary embeddings are the checkpoint's modules. One ``forward`` lays the trees of
 several streams side by side in a single sequence of N new tokens (batch dimension 1), so B streams
 x k tree tokens cost one target forward with N = B*k rows: on a CPU in bf16 that costs little more
-than one row. Each new token attends to its own stream's path and its tree ancestors through an
-additive mask; positions are stream length + depth.
+than one row. Each new token attends to its own stream's path and its tree ancestors (the native kernel reads
+them from per-row slot lists; the fallback builds an additive mask); positions are stream length + depth. A
+stream appears at most once in a forward.
 
 Worked example: stream A (5 committed tokens, slots 0-4) gets the chain [x, y]; stream B, a fork of
 A with 2 more tokens (slots 0-4, 5, 6) gets the single token [z]. New slots 7, 8, 9; positions
@@ -486,7 +487,15 @@ class ModelRunner:
             raise RuntimeError("commit() the previous forward before running the next one")
         if not trees:
             raise ValueError("forward needs at least one stream tree")
-        if self._stack is not None and len(trees) == 1 and len(trees[0].tree) == 1 and hidden_layer is None:
+        if len({st.stream for st in trees}) != len(trees):  # both trees would sit at the stream's length
+            raise ValueError(f"a stream appears twice in one forward: {[st.stream for st in trees]}")
+        if logit_rows is not None and len(logit_rows) != len(trees):
+            raise ValueError(f"logit_rows needs one list per tree: got {len(logit_rows)} for {len(trees)} trees")
+        n_hidden = len(self._layers) + 1
+        if hidden_layer is not None and not -n_hidden <= hidden_layer < n_hidden:
+            raise ValueError(f"hidden_layer {hidden_layer} is outside the model's {n_hidden} hidden states")
+        one_row = len(trees) == 1 and len(trees[0].tree) == 1 and (logit_rows is None or list(logit_rows[0]) == [0])
+        if self._stack is not None and one_row and hidden_layer is None:
             return self._forward_row(trees[0])
         span = 0  # positions 0 .. span - 1 occur in this forward
         for st in trees:
@@ -498,7 +507,6 @@ class ModelRunner:
         total = sum(sizes)
         if last_only:
             logit_rows = [[n - 1] for n in sizes]
-        n_hidden = len(self._layers) + 1
         hidden_index = None if hidden_layer is None else hidden_layer % n_hidden
         start = self.cache.reserve(total)  # outside inference mode: a grown cache's tensors stay normal ones
         try:
@@ -647,6 +655,11 @@ class ModelRunner:
         if self._pending is not None:
             raise RuntimeError("commit() the previous forward before running the next one")
         n = tokens.numel()
+        if not len(depths) == len(above) == n:
+            raise ValueError(f"one depth and one ancestor list per token: {len(depths)}, {len(above)} for {n}")
+        held_before = self.cache.length(scratch)
+        if any(not 0 <= i < held_before for ancestors in above for i in ancestors):
+            raise ValueError(f"ancestor entries must index scratch's {held_before} entries: {list(above)}")
         base = self.cache.length(stream) - 1  # the position of the stream's last token
         self._context_end(stream, max(depths))
         start = self.cache.reserve(n)
@@ -891,6 +904,9 @@ class ModelRunner:
         if pending is None:
             raise RuntimeError("commit() without a forward")
         accepted = accepted or {}
+        if not set(accepted) <= {st.stream for st in pending.trees}:
+            self._pending = pending
+            raise ValueError(f"accepted nodes for streams {sorted(set(accepted))} not all in the forward")
         paths = [list(accepted.get(st.stream, ())) for st in pending.trees]
         if all(st.tree.is_chain and nodes == list(range(len(st.tree))) for st, nodes in zip(pending.trees, paths)):
             for st, offset in zip(pending.trees, pending.offsets):  # every node kept (a prefill, an AR step): no
