@@ -97,3 +97,21 @@ def test_which_drafts_sample_their_tokens(tiny_checkpoint, tiny_model, tmp_path)
     assert not samples_its_drafts(make_proposer(DraftOptions(draft=edd), pipe.target, model))  # top children
     sampled = DraftOptions(draft=edd, tree="k_config", k_config="2,1")  # auto: drawn without replacement
     assert samples_its_drafts(make_proposer(sampled, pipe.target, model))
+
+
+def test_the_python_api_refuses_what_it_would_run_as_something_else(tiny_checkpoint) -> None:
+    """method 'mcsd' (or 'SD') ran as plain ar; batch_size 0 raised range()'s error and -1 returned nothing; an
+    unknown engine name was reported as needing a draft, or after the draft had loaded."""
+    import pytest
+
+    from spectot.spec.decoding import DecodeConfig
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    with pytest.raises(ValueError, match="method must be one of"):
+        DecodeConfig(method="mcsd")
+    for size in (0, -1):
+        with pytest.raises(ValueError, match="batch_size must be >= 1"):
+            pipe.generate(["w1"], method="ar", batch_size=size)
+    with pytest.raises(ValueError, match="unknown engine 'seeed'"):
+        make_engine(pipe, "seeed", DraftOptions(draft="none"), model)

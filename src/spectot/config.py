@@ -898,6 +898,7 @@ class ServeOptions:
             raise ValueError(f"--max-choices must be >= 1, got {self.max_choices}")
         if not self.max_body_mb > 0:
             raise ValueError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
+        require_finite(shutdown_grace=self.shutdown_grace)
         if not self.shutdown_grace >= 0:
             raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {self.shutdown_grace}")
 
@@ -1077,8 +1078,7 @@ def check_solve(
             _set(backend, "base_url", "served_model", "timeout", "connect_timeout", "retries"),
             "configure --backend openai; the local backend",
         )
-        if backend.method == "ar" and draft.draft not in ("none", "ngram"):
-            raise ValueError(f"--draft {draft.draft} drafts for --method sd; with --method ar it would be unused")
+        check_method(backend.method, draft)
     else:
         _refuse_unread(
             _set(backend, "method", "max_streams")
@@ -1088,6 +1088,17 @@ def check_solve(
         )
     if backend.backend == "local" and backend.method == "sd" and draft.draft == "none":
         raise ValueError("--method sd decodes with a draft: pass --draft ngram, edd, vdm or a draft model")
+
+
+def check_method(method: str, draft: DraftOptions) -> None:
+    """--method ar decodes without a draft: a draft or draft flags given with it (serve and generate once ran plain
+    decoding under them in silence) are refused."""
+    if method != "ar":
+        return
+    if draft.draft not in ("none", "ngram"):
+        raise ValueError(f"--draft {draft.draft} drafts for --method sd; with --method ar it would be unused")
+    shaping = [f.name for f in fields(draft) if f.name != "draft"]
+    _refuse_unread(_set(draft, *shaping), "shape speculative decoding (--method sd); --method ar")
 
 
 def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, tree: TreeSearchOptions | None) -> None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import get_args
 
 import torch
 
-from spectot.config import DraftOptions, Kernels, ModelOptions
+from spectot.config import DraftOptions, EngineName, Kernels, ModelOptions
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model, real_tokens
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, prompt_seeds
@@ -248,6 +249,8 @@ class Pipeline:
         ``prompt_seeds(seed, first_index + i)`` (``first_index``: where ``prompts`` start in the job's list), so
         its samples do not depend on the batch size or the point a run resumed from."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if method == "sd" and self.proposer is None:
             raise ValueError("method 'sd' needs a draft: load the pipeline with draft='ngram' or a draft model")
         config = DecodeConfig(
@@ -291,6 +294,9 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     from spectot.schedulers.continuous import ContinuousEngine
     from spectot.schedulers.seed import SeedEngine
     from spectot.schedulers.serial import SerialEngine
+
+    if name not in get_args(EngineName):  # before any draft is loaded
+        raise ValueError(f"unknown engine '{name}': one of {', '.join(get_args(EngineName))}")
 
     def decoder(proposer: Proposer | None, draft_length: DraftLength | None = None) -> Decoder:
         return Decoder(

@@ -88,10 +88,27 @@ def test_malformed_prompt_line_is_named(capsys, checkpoint, tmp_path) -> None:
         (["--num-draft-tokens", "0"], "--num-draft-tokens"),
         (["--draft", "ngram", "--tree", "pct"], "--draft ngram has none"),
         (["--temperature", "inf"], "--temperature must be a finite number"),
+        (["--method", "ar", "--draft", "vdm"], "with --method ar it would be unused"),
+        (["--method", "ar", "--num-draft-tokens", "9"], "--num-draft-tokens shape speculative decoding"),
     ],
 )
 def test_bad_flags_exit_2_with_a_fix(capsys, checkpoint, argv: list[str], message: str) -> None:
     code, _, err = run(capsys, "generate", "--target", str(checkpoint), "--prompt", "w1", *argv)
+    assert code == 2
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--draft", "vdm"], "with --method ar it would be unused"),  # serve's --method defaults to ar
+        (["--method", "ar", "--tree", "sequoia", "--acceptance", "0.5"], "--tree, --acceptance shape speculative"),
+        (["--shutdown-grace", "inf"], "--shutdown-grace must be a finite number"),
+    ],
+)
+def test_serve_refuses_draft_flags_it_would_ignore(capsys, checkpoint, argv: list[str], message: str) -> None:
+    """serve (and generate) under --method ar served plain decoding with the draft flags ignored in silence."""
+    code, _, err = run(capsys, "serve", "--target", str(checkpoint), "--port", "0", *argv)
     assert code == 2
     assert message in err
 

@@ -347,6 +347,47 @@ def test_a_stopped_engine_refuses_new_work_at_once(tiny_llama) -> None:
         engine.close()
 
 
+def test_a_failed_step_keeps_nothing_in_the_prefix_cache(tiny_llama) -> None:
+    """The failure was caught inside the engine's session, which then closed as a clean one: the failed streams'
+    KV went to the prefix cache every engine of the runner shares."""
+    calls = []
+
+    def budget_failing_later(streams: int, sampling: SamplingParams):
+        calls.append(streams)
+        if len(calls) > 2:
+            raise RuntimeError("no tree for you")
+        return None
+
+    decoder = Decoder(ModelRunner(tiny_llama()), prefix_cache_tokens=4096)
+    engine = ContinuousEngine(decoder, budget=budget_failing_later)
+    try:
+        held = engine.submit(list(range(3, 30)), DecodeConfig(max_new_tokens=16), 0)
+        with pytest.raises(RuntimeError, match="no tree for you"):
+            held.result(timeout=60)
+    finally:
+        engine.close()
+    assert decoder.prefix_cache.held_tokens == 0
+
+
+def test_a_failed_stream_stops_its_levels_siblings(tiny_llama) -> None:
+    """``run`` raised at the first failed stream and left the others decoding for nobody (a level's forwards charged
+    to whatever ran next)."""
+    from spectot.schedulers.base import Level
+    from spectot.schedulers.chained import ContinuousLevelEngine
+
+    runner = ModelRunner(tiny_llama(), max_context=64)
+    engine = ContinuousLevelEngine(ContinuousEngine(Decoder(runner)))
+    try:
+        level = Level([list(range(3, 60)), [3, 4], [5, 6], [7, 8]], DecodeConfig(max_new_tokens=40), [0, 1, 2, 3])
+        with pytest.raises(ValueError, match="exceeds the model's context"):
+            engine.run(level)
+        steps = engine.engine.counters.steps
+        time.sleep(0.5)
+        assert engine.engine.counters.steps <= steps + 1  # at most the step running when they were cancelled
+    finally:
+        engine.close()
+
+
 def test_a_level_on_the_continuous_engine_counts_its_own_forwards(tiny_llama) -> None:
     """The engine's one session lives as long as the engine: its results' forward counts are running totals, so
     levels counted by them grew 8, 16, 24 (48 in all for 24 forwards)."""

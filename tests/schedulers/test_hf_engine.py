@@ -60,3 +60,19 @@ def test_sampling_is_reproducible_from_the_level_seed_and_leaves_global_rng_alon
     other = engine.run(Level(PROMPTS, config, [8, 6, 7]))
     assert [r.token_ids for r in first] == [r.token_ids for r in again]
     assert [r.token_ids for r in first] != [r.token_ids for r in other]
+
+
+def test_the_checkpoints_generation_settings_do_not_leak_into_plain_decoding(tiny_llama) -> None:
+    """generate() fills what the engine's config leaves unset from the checkpoint's generation_config: a shipped
+    repetition_penalty or min_new_tokens (Qwen2.5-Instruct ships the first) made the baseline decode other text."""
+    import copy
+
+    target = copy.deepcopy(tiny_llama())  # the fixture's model is shared
+    target.generation_config.repetition_penalty = 1.3
+    target.generation_config.min_new_tokens = 16
+    level = Level(PROMPTS, DecodeConfig(max_new_tokens=16), [0, 1, 2])
+    ar = SerialEngine(Decoder(ModelRunner(target), eos_token_ids=(7,))).run(level)
+    hf = HFBatchedEngine(target, (7,), detokenize).run(level)
+    assert [h.token_ids for h in hf] == [a.token_ids for a in ar]
+    assert [h.finish_reason for h in hf] == [a.finish_reason for a in ar]
+    assert target.generation_config.repetition_penalty == 1.3  # the checkpoint's own is given back

@@ -134,6 +134,15 @@ def test_models_lists_the_backend(client) -> None:
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == ["fake-model"]
     assert body["data"][0]["max_model_len"] == 32
+    assert client.get("/v1/models/fake-model").json()["id"] == "fake-model"  # the client's models.retrieve
+    missing = client.get("/v1/models/org/other")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_stream_options_need_stream(client) -> None:
+    body = {"prompt": "a", "max_tokens": 1, "stream_options": {"include_usage": True}}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 400 and "only allowed when stream is true" in response.json()["error"]["message"]
 
 
 def test_completion_fields_and_usage(client, fake) -> None:
@@ -158,7 +167,12 @@ def test_sampling_parameters_reach_the_backend(client, fake) -> None:
     assert (first.max_tokens, first.temperature, first.top_p, first.stop, first.seed) == (9, 0.0, 0.5, ("x", "y"), 1)
     assert second.stop == ("z",)
     assert second.seed is None
-    assert second.max_tokens == 31  # no max_tokens: the rest of the 32-token context
+    assert second.max_tokens == 16  # no max_tokens: OpenAI's and vLLM's 16 (it filled the 32-token context)
+    chat = {"messages": [{"role": "user", "content": "a"}]}
+    assert client.post("/v1/chat/completions", json=chat).status_code == 200
+    assert fake.requests[-1].max_tokens == 32 - 3  # chat: the rest of the context ("[user] a [assistant]")
+    client.post("/v1/completions", json={"prompt": " ".join(["a"] * 28)})
+    assert fake.requests[-1].max_tokens == 4  # 16 where the context has room, else what it has
 
 
 def test_n_choices_get_seeds_hashed_from_the_seed(client, fake) -> None:
@@ -355,7 +369,7 @@ def test_null_means_the_default(client, fake) -> None:
     nulls = dict.fromkeys(["temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty", "seed"])
     response = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "echo": None, **nulls})
     assert response.status_code == 200, response.text
-    chat = {"messages": USER, "max_tokens": 2, "logprobs": None, "stream_options": {"include_usage": None}, **nulls}
+    chat = {"messages": USER, "max_tokens": 2, "logprobs": None, "stream_options": None, **nulls}
     response = client.post("/v1/chat/completions", json=chat)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["logprobs"] is None
@@ -756,9 +770,9 @@ def tiny(tiny_llama):
 
 
 def test_e2e_the_context_check_counts_the_bos_the_tokenizer_adds(tiny_llama) -> None:
-    """A completion without max_tokens fills the rest of the context: with a tokenizer that puts a BOS before
-    the prompt (Llama's, Mistral's), the engine gets one token more than the text has, and the budget leaves
-    room for it (else the engine refuses the request)."""
+    """A completion without max_tokens gets 16 tokens, or the rest of the context where that is less: with a
+    tokenizer that puts a BOS before the prompt (Llama's, Mistral's), the engine gets one token more than the text
+    has, and the budget leaves room for it (else the engine refuses the request)."""
     from tokenizers.processors import TemplateProcessing
 
     from spectot.backends.local import LocalEngineBackend
@@ -780,9 +794,11 @@ def test_e2e_the_context_check_counts_the_bos_the_tokenizer_adds(tiny_llama) -> 
     assert usage["total_tokens"] <= 16
 
 
-def test_e2e_a_failed_engine_step_turns_health_to_503(tiny_llama, monkeypatch) -> None:
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_e2e_a_failed_engine_step_turns_health_to_503(tiny_llama, monkeypatch, error) -> None:
     """The continuous engine's worker stops for good after a failed step: every later request failed with a 500
-    while /health said 200, so a load balancer kept sending work here."""
+    while /health said 200, so a load balancer kept sending work here. The step's own requests get 503 too: a
+    ValueError from inside the step was answered 400, blaming a client that then did not retry elsewhere."""
     from spectot.backends.local import LocalEngineBackend
     from spectot.models.loader import LoadedModel
     from spectot.pipeline import Pipeline
@@ -793,14 +809,14 @@ def test_e2e_a_failed_engine_step_turns_health_to_503(tiny_llama, monkeypatch) -
     client = TestClient(create_app(backend))
 
     def out_of_memory(*args, **kwargs):
-        raise RuntimeError("CUDA out of memory (injected)")
+        raise error("CUDA out of memory (injected)")
 
     try:
         body = {"prompt": "w1 w2", "max_tokens": 4}
         assert client.post("/v1/completions", json=body).status_code == 200
         assert client.get("/health").status_code == 200 and backend.failure() is None
         monkeypatch.setattr(DecodeSession, "verify", out_of_memory)
-        assert client.post("/v1/completions", json=body).status_code == 500  # the step that failed
+        assert client.post("/v1/completions", json=body).status_code == 503  # the step that failed
         monkeypatch.undo()
         response = client.get("/health")
         assert response.status_code == 503

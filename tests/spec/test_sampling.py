@@ -383,6 +383,15 @@ def test_a_rows_nucleus_does_not_depend_on_the_rows_beside_it() -> None:
             assert not bool(alone[r][probs[r] == edge].any())
 
 
+def test_the_likeliest_tokens_stay_whatever_the_top_p() -> None:
+    """A top_p of 1e-300 passes the > 0 check but is 0 in float32: every token was dropped, and sampling emitted
+    token 0 at every step."""
+    from spectot.spec.sampling import outside_nucleus
+
+    assert outside_nucleus(torch.tensor([[0.5, 0.3, 0.2]]), 1e-300).tolist() == [[False, True, True]]
+    assert outside_nucleus(torch.tensor([[0.4, 0.4, 0.2]]), 1e-300).tolist() == [[False, False, True]]  # tied: both
+
+
 def test_the_histogram_path_keeps_the_same_nucleus_as_the_top_tokens() -> None:
     from spectot.spec.sampling import outside_nucleus
 

@@ -33,6 +33,7 @@ from spectot.config import (
     TreeProfileOptions,
     TreeSequoiaOptions,
     check_draft,
+    check_method,
     DRAFTLESS_ENGINES,
     check_bench,
     is_draft_decoder,
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return _solve(args) if args.search == "tot-bfs" else _tree_solve(args)
         if args.command == "serve":
+            check_method(args.method, from_flags(args, DraftOptions))
             return _serve(
                 from_flags(args, ModelOptions), from_flags(args, DraftOptions), from_flags(args, ServeOptions)
             )
@@ -287,7 +289,8 @@ def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> i
     backend = LocalEngineBackend.from_pipeline(
         pipe, options.method, options.max_streams, name=model.target, num_draft_tokens=draft.num_draft_tokens
     )
-    print(f"spectot: serving {model.target} at http://{options.host}:{port}/v1", file=sys.stderr)
+    host = f"[{options.host}]" if ":" in options.host else options.host  # an IPv6 address goes in brackets
+    print(f"spectot: serving {model.target} at http://{host}:{port}/v1", file=sys.stderr)
     serve(
         backend,
         options.host,
@@ -328,6 +331,7 @@ def _generate(args: argparse.Namespace) -> int:
     sampling, options = from_flags(args, SamplingOptions), from_flags(args, GenerateOptions)
     if options.method == "sd" and draft.draft == "none":
         raise ValueError("--method sd needs a draft: --draft ngram or a draft model (or use --method ar)")
+    check_method(options.method, draft)
     from spectot.data.jsonl import read_field
     from spectot.pipeline import Pipeline, PromptError
 

@@ -50,7 +50,12 @@ class ContinuousLevelEngine:
     def run(self, level: Level, timeline: Timeline | None = None) -> list[StreamResult]:
         """The level alone (no follow-up): every stream submitted at once, results in order."""
         futures = [self.engine.submit(p, level.config, seed) for p, seed in zip(level.prompts, level.seeds)]
-        return [f.result() for f in futures]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:  # a failed stream fails the level: its siblings stop decoding for nobody
+            for f in futures:
+                f.cancel()
+            raise
 
     def run_chained(self, level: Level, follow: FollowUp) -> ChainedRun:
         """The level, and for each stream the follow-up ``follow(i, result)``, submitted the moment

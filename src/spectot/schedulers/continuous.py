@@ -162,6 +162,7 @@ class ContinuousEngine:
                     waiting = self._drain()
                 for request in [*live.values(), *waiting]:
                     _fail(request.future, error)
+                session.close(keep=False)  # nothing of a failed step goes to the shared prefix cache
 
     def _schedule(self, live: dict[int, _Request]) -> list[_Request] | None:
         """Waiting requests to admit now (blocks while there is nothing to do); None once closed."""

@@ -39,7 +39,7 @@ class HFBatchedEngine:
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         s = config.sampling
-        sampling = {"do_sample": False}  # a fresh config: nothing inherited from the checkpoint's defaults
+        sampling = {"do_sample": False}
         if not s.greedy:
             sampling = {"do_sample": True, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p}
         generation = GenerationConfig(
@@ -51,14 +51,20 @@ class HFBatchedEngine:
             **sampling,
         )
         t = rec.now()
-        with torch.random.fork_rng(), torch.inference_mode():
-            torch.manual_seed(level.seeds[0])
-            out = self.model.generate(
-                input_ids=ids.to(self.model.device),
-                attention_mask=mask.to(self.model.device),
-                generation_config=generation,
-                stopping_criteria=[_StopStrings(config.stop, self.detokenize, width)] if config.stop else None,
-            )
+        # generate() fills every field ``generation`` leaves unset from the checkpoint's generation_config (a
+        # repetition_penalty, a min_new_tokens: no longer plain decoding), so a bare one stands in meanwhile
+        shipped, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        try:
+            with torch.random.fork_rng(), torch.inference_mode():
+                torch.manual_seed(level.seeds[0])
+                out = self.model.generate(
+                    input_ids=ids.to(self.model.device),
+                    attention_mask=mask.to(self.model.device),
+                    generation_config=generation,
+                    stopping_criteria=[_StopStrings(config.stop, self.detokenize, width)] if config.stop else None,
+                )
+        finally:
+            self.model.generation_config = shipped
         rec.add(range(len(prompts)), "verify", t, rec.now())
         logprobs = torch.stack(out.logits, 1).float().log_softmax(-1)  # (rows, steps, V), temperature 1
         new = out.sequences[:, width:].cpu()

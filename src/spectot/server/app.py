@@ -86,7 +86,7 @@ from spectot.backends.base import AsyncBackend, Completion, CompletionRequest
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CHOICES = 256  # completions one request may ask for (prompts x n): OpenAI's n <= 128, and some room
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default, used when the backend's context length is unknown
+DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) for completions; chat's too when the context length is unknown
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed, as vLLM takes (torch refuses seeds past 2**64 - 1)
 GREEDY_BELOW = 1e-5  # a temperature below this is greedy decoding (vLLM's _SAMPLING_EPS): logits / 1e-45 overflow
 MAX_STOP_STRINGS = 16  # the engine looks for every stop string after every token of the request
@@ -192,7 +192,7 @@ class SamplingBody(OpenAIBody):
     model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None  # None: the served model
-    max_tokens: StrictInt | None = Field(None, ge=1)  # None: the rest of the context (16 when unknown)
+    max_tokens: StrictInt | None = Field(None, ge=1)  # None: completions 16; chat the rest of the context
     temperature: StrictFloat = Field(1.0, ge=0.0)  # below GREEDY_BELOW: greedy
     top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(0, ge=-1)  # vLLM's: the k likeliest tokens only; 0 or -1: off
@@ -223,6 +223,8 @@ class SamplingBody(OpenAIBody):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, why) for a parameter this server cannot honour; None when all can be."""
+        if self.stream_options is not None and not self.stream:  # as OpenAI answers it
+            return "stream_options", "stream_options is only allowed when stream is true"
         if self.presence_penalty or self.frequency_penalty:
             param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
             return param, f"{param} is not supported (only 0)"
@@ -334,20 +336,24 @@ def tokenise(backend: AsyncBackend, text: str, chat: bool, seen: str | None) -> 
     return Prompt(text, chat, count(seen) if count is not None and seen is not None else None, None)
 
 
-def token_budget(backend: AsyncBackend, prompt: Prompt, max_tokens: int | None, field: str, where: str) -> int:
+def token_budget(
+    backend: AsyncBackend, prompt: Prompt, max_tokens: int | None, field: str, where: str, default: int | None = None
+) -> int:
     """The max_tokens to ask for with ``prompt`` (``where``: how the error names it, "prompt 2"), checked against
     the backend's context length; a prompt of no tokens at all is refused (the model has nothing to continue).
 
-    With its tokens unknown nothing is checked; without ``max_tokens`` the completion may fill the rest of the
-    context (vLLM's default), or 16 tokens when the context length is unknown.
+    With its tokens unknown nothing is checked; without ``max_tokens`` the completion gets ``default`` tokens
+    (completions: 16, OpenAI's and vLLM's) or the rest of the context if less, or with no default the rest of the
+    context (chat, vLLM's default), or 16 tokens when the context length is unknown.
     """
     tokens = prompt.tokens
     if tokens == 0:
         raise ApiError(400, f"{where} has no tokens (whitespace only?): give the model text to continue", field)
     max_context: int | None = getattr(backend, "max_context", None)
     if tokens is None or max_context is None:
-        return max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
-    budget = max_tokens if max_tokens is not None else max(1, max_context - tokens)
+        return max_tokens if max_tokens is not None else (default or DEFAULT_MAX_TOKENS)
+    rest = max(1, max_context - tokens)
+    budget = max_tokens if max_tokens is not None else min(default or rest, rest)
     if tokens + budget > max_context:
         raise ApiError(
             400,
@@ -413,7 +419,10 @@ def plan_completion(backend: AsyncBackend, body: CompletionBody, max_choices: in
     texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     check_choices(len(texts), body.n, max_choices)  # before any prompt is tokenised
     prompts = [tokenise(backend, text, False, text) for text in texts]
-    budgets = [token_budget(backend, p, body.max_tokens, "prompt", f"prompt {i}") for i, p in enumerate(prompts)]
+    budgets = [
+        token_budget(backend, p, body.max_tokens, "prompt", f"prompt {i}", DEFAULT_MAX_TOKENS)
+        for i, p in enumerate(prompts)
+    ]
     return plan(prompts, budgets, body, body.logprobs is not None)
 
 
@@ -453,12 +462,17 @@ def refuse_unsupported(body: SamplingBody) -> None:
         raise ApiError(400, found[1], found[0], "unsupported_parameter")
 
 
-def generation_error(exc: Exception) -> ApiError:
-    """A failed generation's answer: an ``ApiError`` is its own (a shutdown's 503), a ``ValueError`` is the backend
-    finding the request at fault (400, with its message), as is an upstream server's 4xx passed on by a remote
-    backend (its ``status``, e.g. a vLLM behind the OpenAI backend); anything else is the server's fault (500)."""
+def generation_error(exc: Exception, backend: AsyncBackend) -> ApiError:
+    """A failed generation's answer: an ``ApiError`` is its own (a shutdown's 503); once the backend can serve no
+    more (``failure()``: an engine step failed, whatever the error's type) 503, the server's fault; else a
+    ``ValueError`` is the backend finding the request at fault (400, with its message), as is an upstream server's
+    4xx passed on by a remote backend (its ``status``, e.g. a vLLM behind the OpenAI backend); anything else is the
+    server's fault (500)."""
     if isinstance(exc, ApiError):
         return exc
+    if (failure := backend.failure()) is not None:  # a ValueError from a failed step is no fault of the request's
+        logger.error("generation failed: the backend stopped", exc_info=exc)
+        return ApiError(503, failure, code="service_unavailable")
     if isinstance(exc, ValueError):
         return ApiError(400, str(exc))
     status = getattr(exc, "status", None)
@@ -712,7 +726,7 @@ async def stream_events(
                     part = {"delta": {}} if chat else {"text": ""}
                     yield chunk([{"index": index, **part, "logprobs": None, "finish_reason": reason}])
     except Exception as exc:  # the status line is sent: report in-band, as vLLM does
-        yield sse(generation_error(exc).body())
+        yield sse(generation_error(exc, backend).body())
     else:
         if include_usage:
             # each prompt once, counted as its first choice's Completion says (as non-streamed usage), else as planned
@@ -782,8 +796,7 @@ def create_app(
         check_available()
         return Response(status_code=200)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    def model_card() -> dict[str, Any]:
         card: dict[str, Any] = {
             "id": backend.name,
             "object": "model",
@@ -793,7 +806,16 @@ def create_app(
         max_context = getattr(backend, "max_context", None)
         if max_context is not None:
             card["max_model_len"] = max_context
-        return {"object": "list", "data": [card]}
+        return card
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")  # the openai client's models.retrieve; a hub id holds a slash
+    async def model(model: str) -> dict[str, Any]:
+        check_model(backend, model)
+        return model_card()
 
     async def respond(
         request: Request, work: Plan, chat: bool, body: SamplingBody, logprobs: bool
@@ -821,7 +843,7 @@ def create_app(
         try:
             completions = task.result()
         except Exception as exc:
-            raise generation_error(exc) from exc
+            raise generation_error(exc, backend) from exc
         make_choice = chat_choice if chat else text_choice
         choices = [make_choice(i, c, logprobs) for i, c in enumerate(completions)]
         return {**header, "choices": choices, "usage": usage_of(work, completions)}

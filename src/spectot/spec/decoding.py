@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -51,6 +51,8 @@ class DecodeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.method not in get_args(Method):  # 'mcsd' or 'SD' ran as plain ar
+            raise ValueError(f"method must be one of {get_args(Method)}, got {self.method!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.num_draft_tokens < 1:

@@ -102,7 +102,7 @@ def outside_nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torc
     flat = probs.reshape(-1, probs.shape[-1])
     top, order = flat.topk(min(first, flat.shape[-1]), dim=-1)  # (R, first), most likely first
     ahead = (top.cumsum(-1) - top).gather(-1, _tie_starts(top))  # mass of the strictly more likely tokens
-    drop_top = ahead >= top_p
+    drop_top = (ahead >= top_p) & (ahead > 0)  # the first tokens always stay: a top_p of 1e-300 is 0 in float32
     drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, order, drop_top)
     if top.shape[-1] < flat.shape[-1]:  # a row whose nucleus may run past its first tokens: the histogram
         for r in torch.nonzero(~drop_top[:, -1]).flatten().tolist():
