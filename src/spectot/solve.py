@@ -126,6 +126,7 @@ def run_solve(
 
     task = make_task(options.task, search.depth, options.prompt_pool)
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
+    task.check_problems(problems)
     setup = run_setup(model, draft, search, options)  # before the model loads: a refused resume costs nothing
     resumed, problems, write = resume_problems(options.json, setup, options.resume, problems)
     costs = read_profile(options.profile) if options.profile else None

@@ -167,6 +167,7 @@ def run_tree_solve(
     task = make_task(options.task, search.depth, options.prompt_pool)
     if problems is None:
         problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)
+    task.check_problems(problems)
     setup = run_setup(search, tree, options, **(setup or {"backend": getattr(backend, "name", "")}))
     resumed, problems, write = resume_problems(options.json, setup, options.resume, problems)
     questions = {p.id: p.question for p in problems}

@@ -58,3 +58,37 @@ def test_the_identity_follows_the_content_of_the_files_named(tmp_path) -> None:
     second = run_identity(options)
     assert second["inputs"]["draft"] != first["inputs"]["draft"]
     assert second["inputs"]["data"] == first["inputs"]["data"] == content_id(data)
+
+
+def test_the_identity_also_covers_ablation_drafts_the_code_and_the_cpu(tmp_path, monkeypatch) -> None:
+    """An --ablation tuple's draft folders were never hashed, spectot's version (0.1.0 throughout) stood for its
+    code and shipped drafts, and 'platform' named the OS, not the CPU: stale records of another draft, engine or
+    machine were reused."""
+    import spectot.bench.records as records
+
+    draft = tmp_path / "edd-ce"
+    draft.mkdir()
+    (draft / "draft.safetensors").write_bytes(b"weights")
+    options = {"ablation": (f"ce={draft},num_draft_tokens=4", "hidden=edd")}
+    first = run_identity(options)
+    assert list(first["inputs"]) == [f"ablation:{draft}"]
+    assert first["machine"]["cpu"] and first["code"] == records.code_id()
+    (draft / "draft.safetensors").write_bytes(b"retrained")
+    assert run_identity(options)["inputs"] != first["inputs"]
+    monkeypatch.setattr(records, "code_id", lambda: "another build")
+    assert run_identity(options)["code"] == "another build"
+
+
+def test_the_code_id_ignores_compiled_files(tmp_path, monkeypatch) -> None:
+    """``__pycache__`` fills in as modules are first imported: counted, a run resumed after importing one more
+    module would not match its own records."""
+    import spectot.bench.records as records
+
+    before = records.code_id()
+    cache = records.Path(records.__file__).resolve().parents[1] / "__pycache__" / "spectot_test_probe.pyc"
+    cache.parent.mkdir(exist_ok=True)
+    try:
+        cache.write_bytes(b"compiled")
+        assert records.code_id() == before
+    finally:
+        cache.unlink()

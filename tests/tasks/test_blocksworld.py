@@ -267,6 +267,34 @@ def test_parse_action_reads_free_wording_as_llm_reasoners_does() -> None:
     for text, action in cases.items():
         assert parse_action(text) == action, text
     assert parse_action("stack the blue block on the red block") == Action("stack", ("b", "a"))  # order kept
+    # the action named anywhere, as llm-reasoners finds it (a leading word dropped the line); distinct blocks
+    assert parse_action("Next, unstack the orange block from on top of the yellow block") == Action(
+        "unstack", ("c", "d")
+    )
+    assert parse_action("then I stack the blue block on the red block.") == Action("stack", ("b", "a"))
+    assert parse_action("stack the red block on top of the red block") is None  # one block named: skipped
+    assert parse_action("the red block is on the table") is None
+
+
+def test_a_demo_of_the_prompt_is_never_one_of_the_problems(data_dir: Path) -> None:
+    """Pool v2's first demos are split v1's lines 2, 110 and 114 (their gold plans in every prompt): refused by id;
+    the built-in problems of seed 2024 came from the built-in pool's own generator run."""
+    from spectot.tasks.blocksworld import demo_problems
+    from spectot.tasks.registry import builtin_problems, make_task
+
+    split_v1 = load_problems(data_dir / "split_v1_step_6_rendered.jsonl")
+    pool_v2 = BlocksworldTask(data_dir / "prompts" / "pool_prompt_v2_step_6.json")
+    with pytest.raises(DataError, match="are demos of the prompt pool") as refused:
+        pool_v2.check_problems(split_v1)
+    assert len(refused.value.args[0].split("problems ")[1].split(" are")[0].split(", ")) == 3
+    BlocksworldTask(data_dir / "prompts" / "pool_prompt_v1.json").check_problems(split_v1)  # the matching pool
+    demos = builtin_prompt_pool().demos
+    assert len(demo_problems(generate_instances(4, 6, seed=2024, min_steps=2, max_steps=6), demos)) > 0
+    problems = builtin_problems("blocksworld", 6, seed=2024)
+    assert len(problems) == 6 and not demo_problems(problems, demos)
+    assert builtin_problems("blocksworld", 6, seed=0) == generate_instances(4, 6, seed=0, min_steps=2, max_steps=6)
+    with pytest.raises(ValueError, match="--task gsm8k would not read it"):
+        make_task("gsm8k", prompt_pool=str(data_dir / "prompts" / "pool_prompt_v1.json"))
 
 
 def test_rendering_reproduces_the_rendered_jsonl(data_dir: Path) -> None:

@@ -2,9 +2,11 @@
 so an interrupted benchmark resumes where it stopped and a changed configuration starts afresh.
 
 A configuration is what the flags say and what they name: ``run_identity`` adds the content of every file or
-folder a flag names (a data file edited, a draft retrained in the same folder: not the same run) and the
-machine (timings from another machine are not reused). A run killed while appending leaves a torn last line:
-it is cut off, and that measurement is made again.
+folder a flag names (a data file edited, a draft retrained in the same folder: not the same run; also a path
+inside an ``--ablation NAME=FOLDER`` value), the machine (its CPU model and threads, the GPU: timings from another
+machine are not reused) and spectot's own code and shipped drafts (``code_id``: a record measured before a change
+to the engine is not mixed with one after it; the version number alone never changed). A run killed while
+appending leaves a torn last line: it is cut off, and that measurement is made again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.metadata
 import json
 import logging
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,40 @@ LARGE_FILE = 256 * 2**20  # bytes: a larger file is identified by its size and m
 
 
 def machine_info() -> dict:
-    """Where a benchmark ran: the host, torch, its CPU threads and the CUDA GPU if torch sees one."""
-    info = {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    """Where a benchmark ran: the OS, the CPU model, torch, its CPU threads and the CUDA GPU if torch sees one."""
+    info = {
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers (a virtual machine may name every EPYC alike:
+    'AMD EPYC (family 25 model 17)' is a Zen 4); ``platform.processor()`` where /proc/cpuinfo is missing."""
+    try:
+        text = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
+
+
+def code_id() -> str:
+    """A digest of spectot's installed package: its code, kernels' sources and shipped drafts (compiled
+    ``__pycache__`` files left out: they appear as modules are first imported)."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.blake2b(digest_size=12)
+    for file in sorted(package.rglob("*")):
+        if file.is_file() and "__pycache__" not in file.parts:
+            digest.update(str(file.relative_to(package)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def content_id(path: str | Path) -> str:
@@ -55,11 +87,23 @@ def run_identity(options: dict[str, Any], outputs: tuple[str, ...] = ("out",)) -
     """The identity of a run: its options, the content of each file or folder an option names (but the
     ``outputs``: the folder the records go to), the machine and spectot's version."""
     inputs = {
-        name: content_id(value)
+        f"{name}:{path}" if path != value else name: content_id(path)
         for name, value in options.items()
-        if name not in outputs and isinstance(value, str) and value and Path(value).exists()
+        if name not in outputs
+        for path in _named_paths(value)
     }
-    return {**options, "inputs": inputs, "machine": machine_info(), "spectot": _version()}
+    return {**options, "inputs": inputs, "machine": machine_info(), "spectot": _version(), "code": code_id()}
+
+
+def _named_paths(value: Any) -> list[str]:
+    """The existing files or folders an option's value names: itself, an item of a list, or a part of an
+    ``--ablation`` entry ('edd_ce=runs/edd-ce,num_draft_tokens=4' names runs/edd-ce)."""
+    if isinstance(value, (list, tuple)):
+        return [path for item in value for path in _named_paths(item)]
+    if not isinstance(value, str) or not value:
+        return []
+    parts = [value] if Path(value).exists() else [p for p in re.split(r"[=,]", value) if p and Path(p).exists()]
+    return list(dict.fromkeys(parts))
 
 
 def load_records(path: Path, config: dict) -> dict[tuple, dict]:

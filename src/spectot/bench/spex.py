@@ -103,6 +103,8 @@ def run_bench_spex(
     # machine's drift over the minutes a group takes hits every variant alike
     # ... and in a rotating order (chunk j starts with variant j), so no variant always runs first (plain did:
     # a disturbance at a chunk's start fell on it alone)
+    if not variants:
+        raise ValueError("--variants names no variant: give one or more of " + ", ".join(VARIANTS))
     todo = [
         (task, search, queries, variant, first)
         for task, _ in tasks
@@ -115,6 +117,10 @@ def run_bench_spex(
     for key in [k for k in records if len(k) == 5 and k[0] in data and records[k]["data"] != data[k[0]]]:
         del records[key]  # run on another data file (or this one before an edit): neither reused nor reported
     todo = [c for c in todo if c not in records]
+    if todo:  # untimed: the process's first forwards and first sampled token (the noise kernel loads then) must not
+        # land on the first chunk's first variant (the concurrency sweep warmed them, when it ran in this process)
+        warm_up = ["Warm-up: two plus two is", "A second row"]
+        pipe.generate(warm_up, max_new_tokens=8, method="ar", batch_size=2, do_sample=True)
     with progress_bar() as bar:
         job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c[2], c[4]) for c in todo))
         for task, search, queries, variant, first in todo:

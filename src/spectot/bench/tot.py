@@ -26,6 +26,7 @@ from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.config import BenchTotOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.search.policy import ComponentStats
+from spectot.spec.decoding import Decoder
 
 
 def run_bench_tot(
@@ -54,8 +55,11 @@ def run_bench_tot(
     (out / "profile.json").write_text(json.dumps(costs or {}))
     todo = [(t, e, i) for t in tasks for e in engines for i in range(opts.problems) if (t, e, i) not in records]
     made = {}  # one engine per (task, engine) across its problems, as `spectot solve --limit N` runs them
-    if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine
-        pipe.generate(["Warm-up: two plus two is", "A second row"], max_new_tokens=8, method="ar", batch_size=2)
+    if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine,
+        # nor its first sampled token (the noise kernel loads then): thoughts are sampled
+        warm_up = ["Warm-up: two plus two is", "A second row"]
+        pipe.generate(warm_up, max_new_tokens=8, method="ar", batch_size=2)
+        pipe.generate(warm_up, max_new_tokens=8, method="ar", batch_size=2, do_sample=True)
     with progress_bar() as bar, contextlib.ExitStack() as engines_open:
         engines_open.callback(lambda: _close(made))  # a continuous engine's worker thread holds an OpenMP pool
         job = bar.add_task("bench tot", total=len(todo))
@@ -74,12 +78,17 @@ def run_bench_tot(
                 prompt_pool=opts.prompt_pool if task == "blocksworld" else "",
                 profile=str(out / "profile.json") if costs else "",
             )
-            pipe.decoder.prefix_cache.clear()  # each timed unit starts cold: the same prefill work for all
             if (task, engine) not in made:
                 # the previous engine closed first: a continuous one left running kept its worker's OpenMP pool,
                 # and with more threads than cores every later engine ran slower (they stop spinning)
                 _close(made)
                 made = {(task, engine): make_engine(pipe, engine, draft_opts, model_opts, costs)}
+            # each timed unit starts cold: the same prefill work for all, the draft's own prefixes too (a trained
+            # draft kept its KV of the shared prompt header across an engine's units)
+            pipe.decoder.prefix_cache.clear()
+            decoder = _decoder_of(made[(task, engine)])
+            if decoder is not None:
+                decoder.clear_prefix_caches()
             run = run_solve(
                 model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)], in_flight=width
             )
@@ -168,6 +177,12 @@ def markdown(rows: list[dict]) -> str:
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
+
+
+def _decoder_of(engine: object) -> Decoder | None:
+    """The engine's own decoder (a continuous engine's is its worker's); None for transformers' generate()."""
+    inner = getattr(engine, "engine", None)  # ContinuousLevelEngine
+    return getattr(engine, "decoder", None) or getattr(inner, "decoder", None)
 
 
 def _close(engines: dict) -> None:

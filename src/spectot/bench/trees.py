@@ -118,6 +118,7 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
             (m, t, i) for t in temperatures for i in range(len(prompts)) for m in methods[t] if (m, t, i) not in records
         ]
         task = bar.add_task("bench trees", total=len(todo))
+        warmed: set[tuple[str, float]] = set()
         for name, temp, i in todo:
             options = methods[temp][name]
             pipe.decoder.proposer = None if options is None else proposer_for(options)
@@ -128,8 +129,9 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
                 num_draft_tokens=options.num_draft_tokens if options else 1,
                 seed=i,
             )
-            if i == 0:  # untimed warm-up per method
+            if (name, temp) not in warmed:  # untimed warm-up per method, in every process (a resumed one too)
                 pipe.decoder.generate([prompts[0][:24]], replace(config, max_new_tokens=8))
+                warmed.add((name, temp))
             # every method prefills the prompt, the draft too (not from its KV of another method's run): same
             # work, fair times
             pipe.decoder.clear_prefix_caches()

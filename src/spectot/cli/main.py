@@ -256,7 +256,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
     search, options = from_flags(args, SearchOptions), from_flags(args, SolveOptions)
     tree, backend_options = from_flags(args, TreeSearchOptions), from_flags(args, BackendOptions)
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)  # before the model
-    make_task(options.task, search.depth, options.prompt_pool)  # its settings checked before the model too
+    make_task(options.task, search.depth, options.prompt_pool).check_problems(problems)  # before the model too
     embed = make_embedder(search, tree, model.device)
     backend = make_backend(model, draft, backend_options, tree=tree)
     with progress_bar() as bar:

@@ -11,6 +11,7 @@ and its sub-answer (GSM8K), a plan or a passage (Creative Writing), one action (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 import re
 from typing import Any
@@ -93,6 +94,9 @@ class Task:
     def same_answer(self, a: str, b: str) -> bool:
         """Whether two final answers are the same answer (votes over leaves group by it)."""
         return a.strip() == b.strip()
+
+    def check_problems(self, problems: Sequence[Problem]) -> None:
+        """Refuse problems the task's own prompts already answer (a few-shot demo among them); none by default."""
 
     # -- generic defaults: generation by `propose`, evaluation by `vote` ---------------------------
     def propose(self, problem: Problem, state: State, n: int) -> StepRequest:

@@ -481,9 +481,9 @@ def parse_action(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> Action | N
 
     Accepts the English form ("Unstack the orange block from on top of the yellow block.") and the PDDL form
     ("(unstack c d)"). Blocks must be named in ``config.objects``. A line that is not the template word for
-    word is read as llm-reasoners' ``text_to_plan_blocksworld`` reads it before VAL: the action its first words
-    name, then the blocks in the order they appear, as many as the action takes ("unstack the red block from the
-    blue block" -> unstack a b; "stack the red block" -> None).
+    word is read as llm-reasoners' ``text_to_plan_blocksworld`` reads it before VAL: the action named first
+    anywhere in it, then the distinct blocks in the order they appear, as many as the action takes ("unstack the
+    red block from the blue block" -> unstack a b; "stack the red block" -> None).
     """
     line = NUMBERING.sub("", " ".join(text.strip().lower().split())).rstrip(".").strip()
     if line.startswith("("):
@@ -498,19 +498,20 @@ def parse_action(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> Action | N
 
 
 def _action_by_keywords(line: str, config: BlocksConfig, by_name: dict[str, str]) -> Action | None:
-    """The action whose words open ``line`` (the longest such: "unstack" before "stack") and the blocks named
-    after them, in order; None unless there are exactly as many as the action takes."""
+    """The action whose words come first in ``line`` ("next, unstack ..." too; a whole word: "stack" is not read
+    inside "unstack") and the distinct blocks it names, in order of appearance; None unless there are exactly as
+    many as the action takes ("stack the red block on the red block" names one)."""
     verbs = {
         name: template.lower().split("{}")[0].removesuffix("the ").strip() for name, template in config.actions.items()
     }
-    opening = [name for name, verb in verbs.items() if line == verb or line.startswith(verb + " ")]
-    if not opening:
+    named = [(m.start(), name) for name, verb in verbs.items() for m in re.finditer(rf"\b{re.escape(verb)}\b", line)]
+    if not named:
         return None
-    action_name = max(opening, key=lambda name: len(verbs[name]))
+    action_name = min(named)[1]
     found = sorted(
         (m.start(), obj) for name, obj in by_name.items() for m in re.finditer(rf"\b{re.escape(name)}\b", line)
     )
-    blocks = tuple(obj for _, obj in found)
+    blocks = tuple(dict.fromkeys(obj for _, obj in found))
     return Action(action_name, blocks) if len(blocks) == config.actions[action_name].count("{}") else None
 
 
@@ -769,6 +770,16 @@ def _read_demos(pool: Any, path: Path) -> tuple[Demo, ...]:
     return tuple(demos)
 
 
+def demo_problems(problems: Iterable[Problem], demos: Sequence[Demo]) -> list[Problem]:
+    """The ``problems`` whose [STATEMENT] is one of the ``demos``' (whitespace aside)."""
+    statements = {_words(_statement_text(d.init, d.goal)) for d in demos}
+    return [p for p in problems if _words(p.question) in statements]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
 def demo_text(demo: Demo) -> str:
     """One demonstration as llm-reasoners' ``get_icl`` writes it: [STATEMENT] ... [PLAN] <plan> [PLAN END]."""
     return _statement_text(demo.init, demo.goal).removesuffix("\n") + demo.plan
@@ -861,6 +872,17 @@ class BlocksworldTask(Task):
             self.pool = read_prompt_pool(prompt_pool) if prompt_pool is not None else builtin_prompt_pool(config)
         self.config, self.depth, self.num_shots = config, depth, num_shots
         self._demos = "\n".join(demo_text(demo) for demo in self.pool.demos[:num_shots])
+
+    def check_problems(self, problems: Sequence[Problem]) -> None:
+        """A problem that is one of the prompt's demos has its gold plan in every prompt: refused, by id (pool v2's
+        first demos are split v1's lines 2, 110 and 114)."""
+        leaked = [p.id for p in demo_problems(problems, self.pool.demos[: self.num_shots])]
+        if leaked:
+            raise DataError(
+                f"problems {', '.join(leaked)} are demos of the prompt pool: their plans are in every prompt. Use the "
+                "pool that matches the data split (pool_prompt_v1.json with split_v1, v2 with v2), or leave them "
+                "out (--offset / --limit)"
+            )
 
     def thought(self, problem: Problem, state: State) -> StepRequest:
         """Rules, demos, the problem's [STATEMENT] ... [PLAN] and the actions so far; the model adds one line."""

@@ -58,7 +58,9 @@ MATH_EXAMPLES = [
 
 
 def make_task(name: TaskName, depth: int = 0, prompt_pool: str = "") -> Task:
-    """The task object; ``depth`` 0 keeps the task's own depth."""
+    """The task object; ``depth`` 0 keeps the task's own depth; ``prompt_pool`` is Blocksworld's alone."""
+    if prompt_pool and name != "blocksworld":
+        raise ValueError(f"--prompt-pool is Blocksworld's RAP prompt pool; --task {name} would not read it")
     if name == "gsm8k":
         from spectot.tasks.gsm8k import Gsm8kTask
 
@@ -109,9 +111,13 @@ def load_problems(name: TaskName, path: str = "", limit: int = 0, offset: int = 
 
 def builtin_problems(name: TaskName, count: int, seed: int = 0) -> list[Problem]:
     if name == "blocksworld":
-        from spectot.tasks.blocksworld import generate_instances
+        from spectot.tasks.blocksworld import builtin_prompt_pool, demo_problems, generate_instances
 
-        return generate_instances(num_blocks=4, count=count, seed=seed, min_steps=2, max_steps=6)
+        # the built-in prompt pool's demos come from the same generator (seed 2024): never one of the problems
+        demos = builtin_prompt_pool().demos
+        problems = generate_instances(num_blocks=4, count=count + len(demos), seed=seed, min_steps=2, max_steps=6)
+        leaked = {p.id for p in demo_problems(problems, demos)}
+        return [p for p in problems if p.id not in leaked][:count]
     if name == "creative_writing":
         from spectot.tasks.creative_writing import required_sentences
 
