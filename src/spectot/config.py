@@ -779,6 +779,13 @@ class TreeSearchOptions:
         default=8, **opt("SPEX: expansions in flight over all queries, primary + speculative (bench spex measures it)")
     )
     lookahead: int = field(default=2, **opt("SPEX BFS: layers expanded ahead"))
+    budget_wakeup: bool = field(
+        default=True,
+        **opt(
+            "SPEX: a query refused speculation asks again as soon as any query's expansion ends; off: only when one "
+            "of its own ends"
+        ),
+    )
     retract: bool = field(
         default=True,
         **opt(
@@ -912,7 +919,10 @@ class BenchSpexOptions:
     in_flight: str = field(default="1,4,8", **opt("comma-separated queries in flight"))
     variants: str = field(
         default="plain,spex,sd,spex+sd",
-        **opt("comma-separated: plain, spex, sd, spex+sd, spex+es, spex+sd+es (es: early termination)"),
+        **opt(
+            "comma-separated: plain, spex, sd, spex+sd, spex+es, spex+sd+es (es: early termination), spex-nowake "
+            "(spex without the budget wake-up)"
+        ),
     )
     remote: bool = field(default=True, **opt("also run once through `spectot serve` + the OpenAI backend"))
     chunk: int = field(
@@ -1070,7 +1080,9 @@ def check_solve(
     _refuse_unread(_set(tree, *foreign), f"belong to another search algorithm; --search {search.search}")
     if tree.explore == "none":
         _refuse_unread(
-            _set(tree, "k_total", "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation"),
+            _set(
+                tree, "k_total", "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup"
+            ),
             "configure SPEX's speculation; without --explore spex the search",
         )
     if backend.backend == "local":
@@ -1126,7 +1138,7 @@ def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, t
 # the tree searches' own flags (TreeSearchOptions' fields that tot-bfs does not read)
 TREE_SEARCH_FLAGS = (
     "budget", "balance_temperature", "max_children", "rest_children", "lambda_kv", "lambda_cov", "reward", "k_total",
-    "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation",
+    "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup",
 )  # fmt: skip
 
 

@@ -98,7 +98,15 @@ def make_embedder(search: SearchOptions, tree: TreeSearchOptions, device: str = 
 
 def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
     return ExploreConfig(
-        tree.explore, tree.k_total, tree.lookahead, tree.retract, 1.0, tree.early_stop, tree.min_answers, tree.alpha
+        tree.explore,
+        tree.k_total,
+        tree.lookahead,
+        tree.retract,
+        1.0,
+        tree.budget_wakeup,
+        tree.early_stop,
+        tree.min_answers,
+        tree.alpha,
     )
 
 

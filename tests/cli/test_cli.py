@@ -102,7 +102,7 @@ def test_bad_flags_exit_2_with_a_fix(capsys, checkpoint, argv: list[str], messag
     ("argv", "message"),
     [
         (["--draft", "vdm"], "with --method ar it would be unused"),  # serve's --method defaults to ar
-        (["--method", "ar", "--tree", "sequoia", "--acceptance", "0.5"], "--tree, --acceptance shape speculative"),
+        (["--method", "ar", "--num-draft-tokens", "9", "--k-config", "4,2"], "--num-draft-tokens, --k-config shape"),
         (["--shutdown-grace", "inf"], "--shutdown-grace must be a finite number"),
     ],
 )

@@ -243,11 +243,13 @@ class Straggler(ScriptedBackend):
 
 
 @pytest.mark.parametrize(("algorithm", "mode"), [("rebase", "exact"), ("rstar", "exact"), ("rstar", "fold")])
-def test_a_refused_query_speculates_as_soon_as_another_querys_work_ends(algorithm, mode) -> None:
+@pytest.mark.parametrize(("wake_up", "first"), [(True, 5.0), (False, 21.0)])
+def test_a_refused_query_speculates_as_soon_as_another_querys_work_ends(algorithm, mode, wake_up, first) -> None:
     """Another query's primary work fills k_total until t = 5, so this query's first asks are refused. It starts
-    speculating at t = 5, while its straggler still runs (to t = 20); before the wake-up it asked again only when
-    one of its own expansions ended (BFS: at t = 21, its level done; DFS: the straggling rollout's first step)."""
-    backend, budget = Straggler(), SharedBudget(k_total=4)
+    speculating at t = 5, while its straggler still runs (to t = 20); without the wake-up (as before it, and with
+    ``--no-budget-wakeup``) it asks again only when one of its own expansions ends (BFS: at t = 21, its level done;
+    DFS: the straggling rollout's first step)."""
+    backend, budget = Straggler(), SharedBudget(k_total=4, wake_up=wake_up)
     budget.primary = 4  # the other query's
 
     async def other_query_ends() -> None:
@@ -269,7 +271,7 @@ def test_a_refused_query_speculates_as_soon_as_another_querys_work_ends(algorith
 
     run_virtual(main())
     first_speculative = min(t for t, priority in backend.starts if priority != PRIMARY)
-    assert first_speculative == pytest.approx(5.0)
+    assert first_speculative == pytest.approx(first)
 
 
 def test_a_late_wake_up_starts_nothing_the_search_moved_away_from() -> None:

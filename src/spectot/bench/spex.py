@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 VARIANTS = {  # variant: (exploration, decoding method, early termination)
     "plain": ("none", "ar", False),
     "spex": ("spex", "ar", False),
+    "spex-nowake": ("spex", "ar", False),  # without the budget wake-up (``--no-budget-wakeup``)
     "sd": ("none", "sd", False),
     "spex+sd": ("spex", "sd", False),
     "spex+es": ("spex", "ar", True),
@@ -136,7 +137,14 @@ def run_bench_spex(
                 draft_priority=draft_priority(tree),
                 num_draft_tokens=draft.num_draft_tokens,
             )
-            options = replace(tree, explore=explore, k_total=k_total, queries_in_flight=queries, early_stop=early_stop)
+            options = replace(
+                tree,
+                explore=explore,
+                k_total=k_total,
+                queries_in_flight=queries,
+                early_stop=early_stop,
+                budget_wakeup=tree.budget_wakeup and variant != "spex-nowake",
+            )
             size = _chunk_size(opts, queries, first)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=size, offset=first)
             bar.update(job, description=f"{task} {search} x{queries} {variant} q{first + 1}-{first + size}")

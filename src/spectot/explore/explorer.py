@@ -83,6 +83,7 @@ class SharedBudget:
     k_total: int
     tau: float = 1.0
     reusable_weight: float = 1.0  # S_w: target weights are reused by every expansion alike
+    wake_up: bool = True  # keep a refused query's ``wake`` (off: it asks again only when its own work ends)
     kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q) at q's last ask; its keys: queries present
     in_flight: dict[int, int] = field(default_factory=dict)  # speculative expansions running, per query
     primary: int = 0  # primary expansions running, all queries
@@ -109,7 +110,7 @@ class SharedBudget:
         free = k_spec - sum(self.in_flight.values())
         mine = shares[queries.index(query)] - self.in_flight.get(query, 0)
         granted = max(0, min(mine, free, wanted))
-        if granted < wanted and wake is not None:
+        if granted < wanted and wake is not None and self.wake_up:
             self.waiting[query] = wake  # the latest ask stands for the query's earlier ones
         return granted
 

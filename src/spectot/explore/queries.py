@@ -34,6 +34,7 @@ class ExploreConfig:
     lookahead: int = 2  # BFS: layers expanded ahead
     retract: bool = True  # BFS: cancel running speculation the latest widths no longer predict
     tau: float = 1.0  # softmax temperature of the inter-query allocation
+    wake_up: bool = True  # a refused query asks again when any query's expansion ends (``SharedBudget.grant``)
     early_stop: bool = False
     min_answers: int = 4  # t: answers needed before the vote may settle
     alpha: float = 0.5
@@ -76,7 +77,7 @@ async def run_queries(
 ) -> AsyncIterator[QueryRecord]:
     if in_flight < 1:
         raise ValueError(f"queries in flight must be >= 1, got {in_flight}")
-    budget = SharedBudget(explore.k_total, explore.tau) if explore.explore == "spex" else None
+    budget = SharedBudget(explore.k_total, explore.tau, wake_up=explore.wake_up) if explore.explore == "spex" else None
     stop = None
     if explore.early_stop:
 

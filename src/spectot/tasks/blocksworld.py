@@ -493,7 +493,8 @@ def parse_action(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> Action | N
         pattern = r"\s+".join(re.escape(word) for word in template.lower().split()).replace(r"\{\}", "(.+?)")
         match = re.fullmatch(pattern, line)
         if match and all(name in by_name for name in match.groups()):
-            return Action(action_name, tuple(by_name[name] for name in match.groups()))
+            blocks = tuple(by_name[name] for name in match.groups())
+            return Action(action_name, blocks) if len(set(blocks)) == len(blocks) else None  # one block, named twice
     return _action_by_keywords(line, config, by_name)
 
 
