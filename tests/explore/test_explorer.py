@@ -214,7 +214,7 @@ def test_units_a_query_was_refused_are_not_held_for_it() -> None:
 
 
 def test_a_refused_query_is_woken_once_when_units_free_up() -> None:
-    budget, calls = SharedBudget(k_total=4), []
+    budget, calls = SharedBudget(k_total=4, wake_up=True), []
     budget.primary = 4
     assert budget.grant(0, wanted=2, kv_reuse=1.0, wake=lambda: calls.append(0)) == 0
     assert budget.grant(1, wanted=2, kv_reuse=1.0, wake=lambda: calls.append(1)) == 0
@@ -246,8 +246,8 @@ class Straggler(ScriptedBackend):
 @pytest.mark.parametrize(("wake_up", "first"), [(True, 5.0), (False, 21.0)])
 def test_a_refused_query_speculates_as_soon_as_another_querys_work_ends(algorithm, mode, wake_up, first) -> None:
     """Another query's primary work fills k_total until t = 5, so this query's first asks are refused. It starts
-    speculating at t = 5, while its straggler still runs (to t = 20); without the wake-up (as before it, and with
-    ``--no-budget-wakeup``) it asks again only when one of its own expansions ends (BFS: at t = 21, its level done;
+    speculating at t = 5, while its straggler still runs (to t = 20); without the wake-up (the default: it gained
+    nothing measured) it asks again only when one of its own expansions ends (BFS: at t = 21, its level done;
     DFS: the straggling rollout's first step)."""
     backend, budget = Straggler(), SharedBudget(k_total=4, wake_up=wake_up)
     budget.primary = 4  # the other query's
@@ -277,7 +277,7 @@ def test_a_refused_query_speculates_as_soon_as_another_querys_work_ends(algorith
 def test_a_late_wake_up_starts_nothing_the_search_moved_away_from() -> None:
     """A level child refused speculation keeps its ask; if the search drops that child's subtree (``retain``) before
     units free up, the wake-up must not start its children."""
-    budget = SharedBudget(k_total=2)
+    budget = SharedBudget(k_total=2, wake_up=True)
     budget.primary = 2
 
     async def main():

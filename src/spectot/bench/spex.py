@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 VARIANTS = {  # variant: (exploration, decoding method, early termination)
     "plain": ("none", "ar", False),
     "spex": ("spex", "ar", False),
-    "spex-nowake": ("spex", "ar", False),  # without the budget wake-up (``--no-budget-wakeup``)
+    "spex+wake": ("spex", "ar", False),  # with the budget wake-up (``--budget-wakeup``)
     "sd": ("none", "sd", False),
     "spex+sd": ("spex", "sd", False),
     "spex+es": ("spex", "ar", True),
@@ -143,7 +143,7 @@ def run_bench_spex(
                 k_total=k_total,
                 queries_in_flight=queries,
                 early_stop=early_stop,
-                budget_wakeup=tree.budget_wakeup and variant != "spex-nowake",
+                budget_wakeup=tree.budget_wakeup or variant == "spex+wake",
             )
             size = _chunk_size(opts, queries, first)
             solve = SolveOptions(task=task, data=dict(tasks)[task], limit=size, offset=first)

@@ -83,7 +83,7 @@ class SharedBudget:
     k_total: int
     tau: float = 1.0
     reusable_weight: float = 1.0  # S_w: target weights are reused by every expansion alike
-    wake_up: bool = True  # keep a refused query's ``wake`` (off: it asks again only when its own work ends)
+    wake_up: bool = False  # keep a refused query's ``wake`` (off: it asks again only when its own work ends)
     kv_reuse: dict[int, float] = field(default_factory=dict)  # S_KV(q) at q's last ask; its keys: queries present
     in_flight: dict[int, int] = field(default_factory=dict)  # speculative expansions running, per query
     primary: int = 0  # primary expansions running, all queries
@@ -96,8 +96,10 @@ class SharedBudget:
         C_q counts a query's running speculation, plus what it asks for now if it is the one asking. What a
         query asked for and was not granted is not held for it (a reservation kept for it, as this once did,
         left units idle that another query asked for: one waiting at its level barrier took the softmax share
-        of a query asking for 3); instead ``wake``, if given, is called once when units next free up (any
-        query's expansion ending), so the query asks again at once rather than when its own work next ends."""
+        of a query asking for 3); instead, with ``wake_up`` on, ``wake`` (if given) is called once when units next free
+        up (any query's expansion ending), so the query asks again at once rather than when its own work next ends.
+        Off by default: rStar at 4 queries in flight on a 2-core CPU speculated more with it (1,095 against 1,014
+        expansions, hit rate 0.64 against 0.70) and ran no faster (1.13x against 1.17x plain, one run)."""
         self.kv_reuse[query] = kv_reuse
         queries = list(self.kv_reuse)
         capacity = [self.in_flight.get(q, 0) + (wanted if q == query else 0) for q in queries]

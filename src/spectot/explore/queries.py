@@ -34,7 +34,7 @@ class ExploreConfig:
     lookahead: int = 2  # BFS: layers expanded ahead
     retract: bool = True  # BFS: cancel running speculation the latest widths no longer predict
     tau: float = 1.0  # softmax temperature of the inter-query allocation
-    wake_up: bool = True  # a refused query asks again when any query's expansion ends (``SharedBudget.grant``)
+    wake_up: bool = False  # a refused query asks again when any query's expansion ends (``SharedBudget.grant``)
     early_stop: bool = False
     min_answers: int = 4  # t: answers needed before the vote may settle
     alpha: float = 0.5
