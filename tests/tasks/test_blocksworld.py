@@ -236,11 +236,14 @@ def test_read_config_matches_the_built_in_config(data_dir: Path) -> None:
 
 
 def test_action_text_round_trip_for_every_grounding() -> None:
+    """Every grounding reads back from its PDDL; from its English text too, but one naming a block twice ("stack the
+    red block on top of the red block"), which names one block and is skipped, as llm-reasoners skips it."""
     blocks = sorted(DEFAULT_CONFIG.objects)
     for name, schema in DOMAIN.items():
         for args in itertools.product(blocks, repeat=len(schema.params)):
             action = Action(name, args)
-            assert parse_action(render_action(action)) == action
+            expected = action if len(set(args)) == len(args) else None
+            assert parse_action(render_action(action)) == expected
             assert parse_action(str(action)) == action
 
 
