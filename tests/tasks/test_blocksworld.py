@@ -150,12 +150,19 @@ def test_parse_instance_reads_objects_init_and_goal() -> None:
         ("(define (problem p) (:objects a) (:init (on a)) (:goal (on a a)))", "wrong arity"),
         ("(define (problem p) (:objects a) (:init (ontable z)) (:goal (on a a)))", "undeclared object"),
         ("(problem p)", "expected one (define"),
+        ("(define ((x)) (:objects a) (:init (handempty)))", "no (:goal"),  # a list in a head's place: TypeError
     ],
 )
 def test_parse_instance_names_the_source_of_a_malformed_file(text: str, message: str) -> None:
     with pytest.raises(DataError, match="inst.pddl") as err:
         parse_instance(text, "inst.pddl")
     assert message in str(err.value)
+
+
+def test_a_nameless_problem_reads_with_an_empty_name() -> None:
+    """``(problem)`` raised IndexError while the rest of the file was well formed."""
+    instance = parse_instance("(define (problem) (:objects a b) (:init (handempty)) (:goal (on a b)))", "p.pddl")
+    assert instance.name == "" and instance.goal == (("on", "a", "b"),)
 
 
 def test_instance_pddl_round_trip() -> None:

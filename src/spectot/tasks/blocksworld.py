@@ -223,7 +223,9 @@ def parse_instance(text: str, source: str = "<string>") -> Instance:
     top = _sexpr(text, source)
     if len(top) != 1 or not isinstance(top[0], list) or top[0][:1] != ["define"]:
         raise DataError(f"{source}: expected one (define (problem ...) ...) form")
-    sections = {item[0]: item[1:] for item in top[0][1:] if isinstance(item, list) and item}
+    sections = {
+        item[0]: item[1:] for item in top[0][1:] if isinstance(item, list) and item and isinstance(item[0], str)
+    }
     for key in (":objects", ":init", ":goal"):
         if key not in sections:
             raise DataError(f"{source}: no ({key} ...) section")
@@ -232,7 +234,7 @@ def parse_instance(text: str, source: str = "<string>") -> Instance:
         raise DataError(f"{source}: (:objects ...) must list block names")
     init = frozenset(_atom(item, objects, source) for item in sections[":init"])
     goal = tuple(_atom(item, objects, source) for item in _goal_items(sections[":goal"], source))
-    name = next((item[1] for item in top[0][1:] if isinstance(item, list) and item[:1] == ["problem"]), "")
+    name = next((item[1] for item in top[0][1:] if isinstance(item, list) and item[:1] == ["problem"] and item[1:]), "")
     return Instance(objects, init, goal, name if isinstance(name, str) else "")
 
 
