@@ -58,7 +58,6 @@ def run_bench_tot(
     if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine,
         # nor its first sampled token (the noise kernel loads then): thoughts are sampled
         warm_up = ["Warm-up: two plus two is", "A second row"]
-        pipe.generate(warm_up, max_new_tokens=8, method="ar", batch_size=2)
         pipe.generate(warm_up, max_new_tokens=8, method="ar", batch_size=2, do_sample=True)
     with progress_bar() as bar, contextlib.ExitStack() as engines_open:
         engines_open.callback(lambda: _close(made))  # a continuous engine's worker thread holds an OpenMP pool
@@ -84,11 +83,9 @@ def run_bench_tot(
                 _close(made)
                 made = {(task, engine): make_engine(pipe, engine, draft_opts, model_opts, costs)}
             # each timed unit starts cold: the same prefill work for all, the draft's own prefixes too (a trained
-            # draft kept its KV of the shared prompt header across an engine's units)
-            pipe.decoder.prefix_cache.clear()
-            decoder = _decoder_of(made[(task, engine)])
-            if decoder is not None:
-                decoder.clear_prefix_caches()
+            # draft kept its KV of the shared prompt header across an engine's units); every engine's decoder
+            # shares the pipeline's target prefix cache
+            (_decoder_of(made[(task, engine)]) or pipe.decoder).clear_prefix_caches()
             run = run_solve(
                 model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)], in_flight=width
             )

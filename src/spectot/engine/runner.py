@@ -487,6 +487,10 @@ class ModelRunner:
             raise RuntimeError("commit() the previous forward before running the next one")
         if not trees:
             raise ValueError("forward needs at least one stream tree")
+        only_row = logit_rows is None or (len(logit_rows) == 1 and list(logit_rows[0]) == [0])
+        one_row = len(trees) == 1 and len(trees[0].tree) == 1 and only_row
+        if self._stack is not None and one_row and hidden_layer is None:  # the hot path: nothing to check
+            return self._forward_row(trees[0])
         if len({st.stream for st in trees}) != len(trees):  # both trees would sit at the stream's length
             raise ValueError(f"a stream appears twice in one forward: {[st.stream for st in trees]}")
         if logit_rows is not None and len(logit_rows) != len(trees):
@@ -494,9 +498,6 @@ class ModelRunner:
         n_hidden = len(self._layers) + 1
         if hidden_layer is not None and not -n_hidden <= hidden_layer < n_hidden:
             raise ValueError(f"hidden_layer {hidden_layer} is outside the model's {n_hidden} hidden states")
-        one_row = len(trees) == 1 and len(trees[0].tree) == 1 and (logit_rows is None or list(logit_rows[0]) == [0])
-        if self._stack is not None and one_row and hidden_layer is None:
-            return self._forward_row(trees[0])
         span = 0  # positions 0 .. span - 1 occur in this forward
         for st in trees:
             span = max(span, self._context_end(st.stream, st.tree.depth + 1))
@@ -657,9 +658,9 @@ class ModelRunner:
         n = tokens.numel()
         if not len(depths) == len(above) == n:
             raise ValueError(f"one depth and one ancestor list per token: {len(depths)}, {len(above)} for {n}")
-        held_before = self.cache.length(scratch)
-        if any(not 0 <= i < held_before for ancestors in above for i in ancestors):
-            raise ValueError(f"ancestor entries must index scratch's {held_before} entries: {list(above)}")
+        entries = [i for ancestors in above for i in ancestors]
+        if entries and not 0 <= min(entries) <= max(entries) < self.cache.length(scratch):
+            raise ValueError(f"ancestor entries must index scratch's {self.cache.length(scratch)} entries: {above}")
         base = self.cache.length(stream) - 1  # the position of the stream's last token
         self._context_end(stream, max(depths))
         start = self.cache.reserve(n)

@@ -317,22 +317,24 @@ class Explorer:
             self._retract({c.node: w for c, w in zip(candidates, widths)})
         keys = [ChildKey(c.state, i, c.node) for c, w in zip(candidates, widths) for i in range(w)]
         keys = [k for k in keys if k not in self._jobs]
-        again = list(siblings)
-        for key in self._granted(
-            keys, len(candidates[0].state), lambda: self._speculate_children(again, pending, rule, budget, depth_left)
-        ):
+        for key in self._granted(keys, siblings, pending, rule, budget, depth_left):
             task = self._launch(key)
             task.add_done_callback(lambda t, b=open_budget, d=depth_left: self._after_speculative(t, rule, b, d))
 
-    def _granted(self, keys: list[ChildKey], depth: int, again: Callable[[], None]) -> list[ChildKey]:
-        """The ``keys`` (children at ``depth``) the budget grants now; if not all, ``again`` runs when units free
-        up (the level's latest ask stands for its earlier ones)."""
+    def _granted(
+        self, keys: list[ChildKey], siblings: Sequence[Child], pending: int, rule: WidthRule, budget: int, depth: int
+    ) -> list[ChildKey]:
+        """The ``keys`` (children of ``siblings``) the budget grants now; if not all, this ask of
+        ``_speculate_children`` is made again when units free up (the level's latest ask stands for its earlier
+        ones)."""
         keys = [k for k in keys if self._keep(k)]  # a late ask must not revive what the search has moved away from
-        granted = keys[: self.spare(len(keys), depth, wake=self._woken)]
+        level = len(siblings[0].state)
+        granted = keys[: self.spare(len(keys), level, wake=self._woken)]
         if len(granted) < len(keys):
-            self._asks[depth] = again
+            again = list(siblings)
+            self._asks[level] = lambda: self._speculate_children(again, pending, rule, budget, depth)
         else:
-            self._asks.pop(depth, None)
+            self._asks.pop(level, None)
         return granted
 
     def _woken(self) -> None:

@@ -36,9 +36,6 @@ class OracleExplorer(Explorer):
         if depth_left <= 0 or not siblings:
             return
         keys = [k for c in siblings for k in self.children.get(c.node, ()) if k not in self._jobs]
-        again = list(siblings)
-        for key in self._granted(
-            keys, len(siblings[0].state), lambda: self._speculate_children(again, pending, rule, budget, depth_left)
-        ):
+        for key in self._granted(keys, siblings, pending, rule, budget, depth_left):
             task = self._launch(key)
             task.add_done_callback(lambda t, d=depth_left: self._after_speculative(t, rule, budget, d))
