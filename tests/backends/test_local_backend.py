@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from spectot.backends.base import Completion, CompletionRequest
-from spectot.backends.local import LocalEngineBackend, decode_increment
+from spectot.backends.local import LocalEngineBackend, decode_increment, token_pieces
 from spectot.config import DraftOptions, ModelOptions
 from spectot.pipeline import Pipeline
 from spectot.spec.decoding import StreamResult
@@ -78,6 +78,9 @@ def test_logprobs_are_the_targets(pipe) -> None:
     want = logits.log_softmax(-1)[torch.arange(len(gen)), torch.tensor(gen)]
     assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4)
     assert out.mean_logprob == pytest.approx(float(want.mean()), abs=1e-4)
+    assert len(out.tokens) == len(gen) and "".join(out.tokens) == pipe.target.tokenizer.decode(
+        gen, skip_special_tokens=True
+    )
 
 
 def test_stream_joins_to_the_completion_and_hides_stop_strings(pipe) -> None:
@@ -282,6 +285,15 @@ def test_decode_increment_worked_example() -> None:
     assert decode_increment(decode, [a], 0, 0) == ("a", 0, 1)
     assert decode_increment(decode, [a, c3], 0, 1) == ("", 0, 1)  # half a character: held
     assert decode_increment(decode, [a, c3, a9], 0, 1) == ("é", 1, 3)
+
+
+def test_token_pieces_join_to_the_text() -> None:
+    tokenizer = byte_tokenizer()
+    a, c3, a9 = tokenizer("aé", add_special_tokens=False)["input_ids"]
+    decode = tokenizer.decode
+    assert token_pieces(decode, [a, c3, a9]) == ["a", "", "é"]
+    assert token_pieces(decode, [a, c3]) == ["a", "\ufffd"]  # cut off mid-character: the last piece holds it
+    assert token_pieces(decode, []) == []
 
 
 def test_server_ids_and_top_k_reach_the_engine(tiny_checkpoint) -> None:

@@ -67,6 +67,7 @@ class SlowBackend:
             prompt_tokens=self.count_tokens(request.prompt),
             completion_tokens=len(words),
             logprobs=[-1.0] * len(words) if request.logprobs else [],
+            tokens=[w if i == 0 else " " + w for i, w in enumerate(words)] if request.logprobs else [],
         )
 
     async def stream(self, request: CompletionRequest):
@@ -151,9 +152,10 @@ def test_parameters_reach_the_served_backend() -> None:
     async def scenario(url: str) -> None:
         async with OpenAIBackend.from_urls([url], model="fake-model", timeout=10, max_retries=0) as backend:
             out = await backend.complete(request)
-            assert out.logprobs == [-1.0, -1.0]
+            assert out.logprobs == [-1.0, -1.0] and out.tokens == ["a", " b"]
             chat = await backend.complete(CompletionRequest("hi there", 5, seed=3, chat=True, logprobs=True))
             assert (chat.text, chat.finish_reason, chat.logprobs) == ("hi there", "stop", [-1.0, -1.0])
+            assert chat.tokens == ["hi", " there"]
             await backend.complete(CompletionRequest("a b", 2, temperature=0.5, seed=1, top_k=7))  # vLLM's extra field
             assert backend.failure() is None  # a failing server is retried or skipped, never the backend's end
 

@@ -859,6 +859,13 @@ def test_e2e_greedy_completions_equal_the_pipeline(tiny) -> None:
         )
         usage = list(chunks)[-1].usage
         assert (usage.prompt_tokens, usage.completion_tokens) == (len(ref.prompt_ids), len(ref.token_ids))
+        scored = client.completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=1
+        ).choices[0]
+        tokens, offsets = scored.logprobs.tokens, scored.logprobs.text_offset
+        assert len(tokens) == len(offsets) == len(scored.logprobs.token_logprobs) == len(ref.token_ids)
+        assert "".join(tokens).startswith(ref.text)  # the tokens of a stop string run past the cut text
+        assert all(ref.text.startswith(t, o) for t, o in zip(tokens, offsets) if o + len(t) <= len(ref.text))
 
 
 def test_e2e_greedy_chat_equals_the_pipeline(tiny) -> None:
@@ -876,6 +883,12 @@ def test_e2e_greedy_chat_equals_the_pipeline(tiny) -> None:
             model="tiny-llama", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+        scored = client.chat.completions.create(
+            model="tiny-llama", messages=messages, max_tokens=MAX_TOKENS, temperature=0, logprobs=True
+        ).choices[0]
+        content = scored.logprobs.content
+        assert len(content) == len(ref.token_ids) and "".join(t.token for t in content).startswith(ref.text)
+        assert all(bytes(t.bytes) == t.token.encode() for t in content)
 
 
 def test_e2e_openai_backend_agrees_and_cancellation_is_harmless(tiny) -> None:
@@ -891,6 +904,7 @@ def test_e2e_openai_backend_agrees_and_cancellation_is_harmless(tiny) -> None:
             assert backend.name == "tiny-llama"
             assert out.text == reference[False][prompt].text
             assert len(out.logprobs) == out.completion_tokens == len(reference[False][prompt].token_ids)
+            assert "".join(out.tokens).startswith(out.text) and len(out.tokens) == len(out.logprobs)
             assert out.seconds > 0
             chat = await backend.complete(CompletionRequest(prompt, max_tokens=MAX_TOKENS, temperature=0.0, chat=True))
             assert chat.text == reference[True][prompt].text

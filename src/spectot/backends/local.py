@@ -215,8 +215,23 @@ class LocalEngineBackend:
             prompt_tokens=len(result.prompt_ids),
             completion_tokens=len(result.token_ids),
             logprobs=list(result.logprobs) if request.logprobs else [],
+            tokens=token_pieces(self._decode, result.token_ids) if request.logprobs else [],
             seconds=seconds,
         )
+
+
+def token_pieces(decode: Callable[[list[int]], str], ids: Sequence[int]) -> list[str]:
+    """The text each of ``ids`` adds, by ``decode_increment``; the last piece takes whatever text is still held
+    back (a character cut off by the length limit), so the pieces join to ``decode(ids)``.
+    Example with byte tokens: ["a", 0xC3, 0xA9] -> ["a", "", "é"]."""
+    pieces: list[str] = []
+    prefix_offset = read_offset = 0
+    for end in range(1, len(ids) + 1):
+        piece, prefix_offset, read_offset = decode_increment(decode, ids[:end], prefix_offset, read_offset)
+        pieces.append(piece)
+    if pieces:
+        pieces[-1] += decode(list(ids))[len("".join(pieces)) :]
+    return pieces
 
 
 def _has_stop(text: str, stop: Sequence[str]) -> bool:

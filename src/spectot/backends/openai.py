@@ -383,22 +383,25 @@ class OpenAIBackend:
     @staticmethod
     def _completion(response: Any, chat: bool, seconds: float, url: str) -> Completion:
         choice = response.choices[0]
-        logprobs: list[float] = []
+        pairs: list[tuple[str | None, float]] = []  # (token text if given, logprob) per generated token
         if chat:
             text = choice.message.content or ""
             if choice.logprobs is not None and choice.logprobs.content:
-                logprobs = [item.logprob for item in choice.logprobs.content]
+                pairs = [(item.token, item.logprob) for item in choice.logprobs.content]
         else:
             text = choice.text
             if choice.logprobs is not None and choice.logprobs.token_logprobs:
-                logprobs = [lp for lp in choice.logprobs.token_logprobs if lp is not None]
+                given = choice.logprobs.tokens or [None] * len(choice.logprobs.token_logprobs)
+                pairs = [(t, lp) for t, lp in zip(given, choice.logprobs.token_logprobs) if lp is not None]
+        tokens = [t for t, _ in pairs]
         usage = response.usage
         return Completion(
             text=text,
             finish_reason=finish_reason(choice.finish_reason, url),
             prompt_tokens=usage.prompt_tokens if usage is not None else 0,
             completion_tokens=usage.completion_tokens if usage is not None else 0,
-            logprobs=logprobs,
+            logprobs=[lp for _, lp in pairs],
+            tokens=tokens if all(isinstance(t, str) for t in tokens) else [],
             seconds=seconds,
         )
 

@@ -44,13 +44,15 @@ prompt count of a backend without either, and streamed usage) and ``max_context`
 A streamed choice's ``finish_reason`` and token counts (the prompt's too) are those of the ``Completion`` that
 ends the backend's stream; for a backend whose stream ends without one, they are re-derived from the text with
 ``count_tokens`` ("length" when the text has ``max_tokens`` tokens). Streamed responses carry no logprobs (asking for both is
-refused). One request may ask for at most ``max_choices`` completions (prompts times ``n``).
+refused); with logprobs, a choice gives each sampled token's text (the piece it adds to the choice's text) and,
+for completions, its offset in that text. One request may ask for at most ``max_choices`` completions (prompts times ``n``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import socket
@@ -661,16 +663,31 @@ def text_choice(index: int, completion: Completion, logprobs: bool) -> dict[str,
     return {
         "index": index,
         "text": completion.text,
-        # Token strings and offsets are not part of a Completion; the logprobs are the sampled tokens'.
-        "logprobs": {"tokens": None, "token_logprobs": completion.logprobs, "top_logprobs": None, "text_offset": None}
-        if logprobs
-        else None,
+        "logprobs": text_logprobs(completion) if logprobs else None,
         "finish_reason": completion.finish_reason,
     }
 
 
+def text_logprobs(completion: Completion) -> dict[str, Any]:
+    """The legacy completions' logprobs: each sampled token's text, log-probability and character offset in the
+    choice's text (vLLM's offsets without echo; the last tokens may run past a stop string the text was cut at).
+    Token texts and offsets are null from a backend that does not give the texts."""
+    pieces = completion.tokens or None
+    offsets = list(itertools.accumulate((len(p) for p in pieces[:-1]), initial=0)) if pieces else None
+    return {"tokens": pieces, "token_logprobs": completion.logprobs, "top_logprobs": None, "text_offset": offsets}
+
+
 def chat_choice(index: int, completion: Completion, logprobs: bool) -> dict[str, Any]:
-    content = [{"token": "", "logprob": lp, "bytes": None, "top_logprobs": []} for lp in completion.logprobs]
+    pieces: Sequence[str | None] = completion.tokens or [None] * len(completion.logprobs)  # None: not given
+    content = [
+        {
+            "token": piece or "",
+            "logprob": lp,
+            "bytes": None if piece is None else list(piece.encode()),
+            "top_logprobs": [],
+        }
+        for piece, lp in zip(pieces, completion.logprobs, strict=True)
+    ]
     return {
         "index": index,
         "message": {"role": "assistant", "content": completion.text},
