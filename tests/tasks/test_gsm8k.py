@@ -153,6 +153,11 @@ def test_value_prompt_marks_the_latest_step() -> None:
         ("I rate Step 3 a 7.", 7.0),
         ("The value of $3x + ", 1.0),  # math is no rating (a real SmolLM2 output on MATH)
         ("Correct, 3 + 4 = 7. Rating: 8/10", 8.0),
+        ("On a scale of 1 to 10, 8", 8.0),  # the prompt's range restated is no rating
+        ("On a 1-10 scale I give it 7", 7.0),
+        ("Between 1 and 10: 9", 9.0),
+        ("It adds 3 and 4 to get 7", 3.0),  # "3 and 4" names no range ending at 10
+        ("15 - 10 = 5, rating 9", 10.0),  # nor arithmetic: only 0 or 1 to 10 is the scale
     ],
 )
 def test_parse_value(text: str, score: float) -> None:

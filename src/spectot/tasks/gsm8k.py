@@ -150,17 +150,22 @@ def numbers_equal(a: str, b: str) -> bool:
 
 
 RATING_OUT_OF = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:/|out of)\s*10\b", re.IGNORECASE)
+# "scale of 1 to 10", "from 1-10", "between 1 and 10", "a 1-10 scale": the prompt's range, restated
+RATING_SCALE = re.compile(
+    r"\b(?:(?:scale\s+of|from|between)\s+)?[01]\s*(?:-|–|to|and)\s*10\b(?:\s*scale)?", re.IGNORECASE
+)
 
 
 def parse_rating(text: str, low: float = 1.0, high: float = 10.0) -> float:
     """An evaluator's rating, clipped to [low, high]; ``low`` when it gives none: an explicit "N/10" or "N out
     of 10", else the first number that is neither a step's ("Step 2: 9" rates 9) nor inside $...$ math
-    ("$3x + 1$" rates nothing)."""
+    ("$3x + 1$" rates nothing) nor a scale's bound ("On a scale of 1 to 10, 8" rates 8)."""
     explicit = RATING_OUT_OF.search(text)
     if explicit is not None:
         return min(high, max(low, float(explicit.group(1))))
     plain = re.sub(r"\$[^$]*(?:\$|$)", " ", text)  # math, closed or cut off
     plain = re.sub(r"\bstep\s*\d+", " ", plain, flags=re.IGNORECASE)
+    plain = RATING_SCALE.sub(" ", plain)
     match = re.search(r"(?<![\w.])-?\d+(?:\.\d+)?", plain)
     if match is None:
         return low
