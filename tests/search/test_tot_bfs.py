@@ -152,6 +152,25 @@ def test_nothing_proposed_ends_the_search_instead_of_crashing() -> None:
         assert result.answer == "" and result.best.state == ()
 
 
+def test_proposals_are_normalised_as_sampled_thoughts() -> None:
+    """A proposed step goes through ``parse_thought`` as a sampled one does (Blocksworld renders its action,
+    GSM8K drops a label); a step it empties is no child."""
+
+    class Shouting(CountingTask):
+        def parse_thought(self, problem: Problem, state: State, text: str) -> str:
+            return text.strip().upper().replace("SKIP", "")
+
+    class Proposer(ScriptedBackend):
+        def generate(self, call):
+            if call.component == "TG":
+                return ["Step: a\nStep: skip\nStep: b"] * len(call.requests)
+            return ["1"] * len(call.requests)
+
+    config = BfsConfig(generation="propose", evaluation="value", breadth=3, thoughts=3, steps=1)
+    result = tot_bfs(Shouting(), Problem("p", "", ""), Policy(Proposer(SCRIPT)), config)
+    assert sorted(n.state for n in result.levels[0]) == [("A",), ("B",)]
+
+
 def test_votes_and_proposals_are_read_as_models_write_them() -> None:
     task = CountingTask()
     assert task.parse_vote("Analysis...\nThe best choice is Choice 3", 4) == 2

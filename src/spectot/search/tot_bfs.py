@@ -142,8 +142,9 @@ def _expand(task: Task, problem: Problem, policy: Policy, config: BfsConfig, nod
     texts = policy.generate(requests, problem.id, t)
     children = []
     for n, text in zip(nodes, texts):
-        for step in task.parse_proposals(problem, n.state, text)[: config.thoughts]:
-            children.append(Node(n.state + (step,), raw=text))
+        for proposal in task.parse_proposals(problem, n.state, text)[: config.thoughts]:
+            if step := task.parse_thought(problem, n.state, proposal):  # normalised as a sampled thought is
+                children.append(Node(n.state + (step,), raw=text))
     return children
 
 

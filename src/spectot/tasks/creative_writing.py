@@ -1,8 +1,10 @@
-"""Tree-of-Thoughts Creative Writing (Yao et al. 2023): inputs and the chain-of-thought prompt.
+"""Tree-of-Thoughts Creative Writing (Yao et al. 2023): inputs, the chain-of-thought prompt and the task.
 
 Each input line holds four sentences; the passage's four paragraphs must end with them, in order.
-The prompt is the ToT repository's ``cot_prompt`` (src/tot/prompts/text.py), paraphrase-free
-because models were evaluated with exactly this text.
+``cot_prompt`` is the ToT repository's (src/tot/prompts/text.py) word for word: the one-pass prompt the draft
+corpus and ``bench drafts`` use. The tree search (``CreativeWritingTask``) splits it in two prompts of its own,
+one for the plan and one for the passage that follows a plan (ToT's single output holds both), and scores with
+ToT's ``score_prompt`` wording, made to name a plan or a passage.
 """
 
 from __future__ import annotations
