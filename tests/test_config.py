@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from typing import get_args
+
 from spectot.config import (
     BackendOptions,
     BenchDraftsOptions,
@@ -13,6 +15,7 @@ from spectot.config import (
     BenchTotOptions,
     BenchTreesOptions,
     DraftOptions,
+    EngineName,
     GenerateOptions,
     ModelOptions,
     SamplingOptions,
@@ -39,6 +42,11 @@ from spectot.config import (
         (lambda: BackendOptions(timeout=float("nan")), "--timeout must be a finite"),
         (lambda: check_draft(DraftOptions(draft="ngram", tree="pct")), "--draft ngram has none"),
         (lambda: check_draft(DraftOptions(draft="org/draft", tree="k_config")), "the draft model org/draft drafts"),
+        # a shape flag of another tree than --tree's was ignored
+        (lambda: check_draft(DraftOptions(draft="edd", tree="pct", k_config="4,2")), "--k-config shape other trees"),
+        (lambda: check_draft(DraftOptions(draft="edd", tree="chain", tree_budget=32)), "--tree chain would not"),
+        (lambda: check_draft(DraftOptions(draft="edd", tree="k_config", pct_threshold=0.2)), "--pct-threshold"),
+        (lambda: check_draft(DraftOptions(draft="edd", tree="eagle2", specinfer="2x4")), "--specinfer shape"),
         (
             lambda: DraftOptions(draft="edd", tree="pct", tree_budget=100_000),
             r"--tree-budget must be in \[1, 1024\]",
@@ -114,6 +122,8 @@ def test_solve_does_not_empty_an_earlier_runs_results(tmp_path: Path) -> None:
         ("tot-bfs", "ngram", {}, {}, {"backend": "openai", "base_url": ("http://h/v1",)}, "--backend openai"),
         ("tot-bfs", "ngram", {}, {"explore": "spex"}, {}, "--explore spex"),
         ("tot-bfs", "none", {"engine": "seed-batched"}, {}, {}, "--engine seed-batched drafts"),
+        ("tot-bfs", "ngram", {"engine": "mcsd"}, {}, {}, "--engine mcsd verifies k_config trees"),  # ran chain SD
+        ("tot-bfs", "edd", {"engine": "mcsd"}, {}, {}, None),
         ("tot-bfs", "ngram", {"engine": "seed"}, {"queries_in_flight": 4}, {}, "needs a continuous engine"),
         ("rebase", "ngram", {"generations": ""}, {}, {"method": "sd"}, None),
         ("rebase", "none", {}, {}, {"method": "sd"}, "--method sd decodes with a draft"),
@@ -236,3 +246,23 @@ def test_benchmarks_refuse_the_flags_they_set_themselves() -> None:
         check_bench("spex", DraftOptions(), None, TreeSearchOptions(k_total=3))
     check_bench("trees", DraftOptions(draft="edd"), None, None)
     check_bench("spex", DraftOptions(), None, TreeSearchOptions())
+
+
+def test_bench_tot_runs_the_engines_its_draft_allows() -> None:
+    """``all`` leaves out what the draft cannot run; a named engine it cannot run is refused before any work
+    (make_engine refused it halfway through the run, after the engines before it were measured)."""
+    every = BenchTotOptions()
+    assert every.engine_names("edd") == list(get_args(EngineName))
+    assert "mcsd" not in every.engine_names("ngram") and "seed" in every.engine_names("ngram")
+    assert every.engine_names("none") == ["ar", "batched-ar", "hf-batched-ar", "continuous-ar"]
+    with pytest.raises(ValueError, match="--engine mcsd verifies"):
+        BenchTotOptions(engines="ar,mcsd").engine_names("ngram")
+    with pytest.raises(ValueError, match="--engine sd drafts"):
+        BenchTotOptions(engines="ar,sd").engine_names("none")
+
+
+def test_a_trees_own_shape_flags_pass() -> None:
+    check_draft(DraftOptions(draft="edd", tree="sequoia", acceptance="0.6,0.2", tree_budget=32, tree_depth=4))
+    check_draft(DraftOptions(draft="edd", tree="pct", pct_threshold=0.2, tree_depth=5))
+    check_draft(DraftOptions(draft="edd", tree="eagle2", tree_budget=24))
+    check_draft(DraftOptions(draft="edd", k_config="4,2", tree_budget=32))  # auto: the engine's tree may read them

@@ -115,3 +115,5 @@ def test_the_python_api_refuses_what_it_would_run_as_something_else(tiny_checkpo
             pipe.generate(["w1"], method="ar", batch_size=size)
     with pytest.raises(ValueError, match="unknown engine 'seeed'"):
         make_engine(pipe, "seeed", DraftOptions(draft="none"), model)
+    with pytest.raises(ValueError, match="--engine mcsd verifies k_config trees"):  # it ran chain SD as 'mcsd'
+        make_engine(pipe, "mcsd", DraftOptions(draft="ngram"), model)

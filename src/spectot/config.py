@@ -976,8 +976,11 @@ class BenchTotOptions:
     prompt_pool: str = field(default="../shared/data/blocksworld/prompts/pool_prompt_v1.json", **opt("RAP pool"))
     problems: int = field(default=10, **opt("problems per task"))
     engines: str = field(
-        default="ar,sd,mcsd,batched-ar,hf-batched-ar,batched-sd,seed,seed-batched,continuous-ar,continuous-sd",
-        **opt("comma-separated engines to compare"),
+        default="all",
+        **opt(
+            "comma-separated engines to compare; all: every engine --draft runs (the drafting ones with a draft, "
+            "mcsd with a draft decoder)"
+        ),
     )
     in_flight: int = field(
         default=1, **opt("problems the continuous engines search at once (their wall time is shared; others: 1)")
@@ -988,7 +991,25 @@ class BenchTotOptions:
         if self.problems < 1 or self.in_flight < 1:
             raise ValueError("--problems and --in-flight must be >= 1")
         parse_names(self.tasks, "--tasks", get_args(TaskName))
-        parse_names(self.engines, "--engines", get_args(EngineName))
+        if self.engines != "all":
+            parse_names(self.engines, "--engines", get_args(EngineName))
+
+    def engine_names(self, draft: str) -> list[str]:
+        """The engines to run with ``--draft draft``, each checked against it (``check_engine_draft``)."""
+        if self.engines == "all":
+            return [e for e in get_args(EngineName) if _runs_with(e, draft)]
+        engines = [e.strip() for e in self.engines.split(",") if e.strip()]
+        for engine in engines:
+            check_engine_draft(engine, draft)
+        return engines
+
+
+def _runs_with(engine: str, draft: str) -> bool:
+    try:
+        check_engine_draft(engine, draft)
+    except ValueError:
+        return False
+    return True
 
 
 DRAFTLESS_ENGINES = ("ar", "batched-ar", "hf-batched-ar", "continuous-ar")
@@ -1017,10 +1038,35 @@ def check_draft(draft: DraftOptions) -> None:
             f"--tree {draft.tree} shapes a draft model's tree; --draft {draft.draft} has none (--ngram-width widens "
             "the n-gram draft)"
         )
+    if draft.tree != "auto":  # an auto tree is the engine's own, which may read any of them
+        shapes = {
+            "k_config": ("k_config",),
+            "specinfer": ("specinfer",),
+            "pct_threshold": ("pct",),
+            "tree_budget": ("sequoia", "eagle2"),
+            "tree_depth": ("sequoia", "pct", "vct", "cape", "eagle2"),
+        }
+        unread = [flag for flag in shapes if draft.tree not in shapes[flag]]
+        _refuse_unread(_set(draft, *unread), f"shape other trees; --tree {draft.tree}")
     if draft.tree not in ("auto", "chain") and not is_draft_decoder(draft.draft):
         raise ValueError(
             f"--tree {draft.tree} shapes the trees of spectot's draft decoders (edd, vdm, a `spectot train-draft` "
             f"folder); the draft model {draft.draft} drafts a chain"
+        )
+
+
+def check_engine_draft(engine: str, draft: str) -> None:
+    """A level engine that drafts needs a draft, and ``mcsd`` one that drafts trees (its k_config): refused before
+    the target loads (``make_engine`` would fail after it, or run ``mcsd`` as chain SD under its name)."""
+    if engine not in DRAFTLESS_ENGINES and draft == "none":
+        raise ValueError(
+            f"--engine {engine} drafts: pass --draft ngram, edd, vdm or a draft model, or pick an engine without "
+            f"one ({', '.join(DRAFTLESS_ENGINES)})"
+        )
+    if engine == "mcsd" and draft != "none" and not is_draft_decoder(draft):
+        raise ValueError(
+            f"--engine mcsd verifies k_config trees of a draft decoder (edd, vdm, a `spectot train-draft` folder); "
+            f"--draft {draft} grows none: use --engine sd"
         )
 
 
@@ -1054,11 +1100,7 @@ def check_solve(
             )
         if tree.explore != "none":
             raise ValueError("--explore spex speculates for --search rebase, ets, rstar or rest-mcts, not tot-bfs")
-        if options.engine not in DRAFTLESS_ENGINES and draft.draft == "none":
-            raise ValueError(
-                f"--engine {options.engine} drafts: pass --draft ngram, edd, vdm or a draft model, or pick an "
-                f"engine without one ({', '.join(DRAFTLESS_ENGINES)})"
-            )
+        check_engine_draft(options.engine, draft.draft)
         if tree.queries_in_flight > 1 and not options.engine.startswith("continuous"):
             raise ValueError(
                 f"--queries-in-flight {tree.queries_in_flight} with --search tot-bfs needs a continuous engine "

@@ -17,7 +17,7 @@ from typing import get_args
 
 import torch
 
-from spectot.config import DraftOptions, EngineName, Kernels, ModelOptions
+from spectot.config import DraftOptions, EngineName, Kernels, ModelOptions, check_engine_draft
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model, real_tokens
 from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, prompt_seeds
@@ -297,6 +297,7 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
 
     if name not in get_args(EngineName):  # before any draft is loaded
         raise ValueError(f"unknown engine '{name}': one of {', '.join(get_args(EngineName))}")
+    check_engine_draft(name, draft.draft)
 
     def decoder(proposer: Proposer | None, draft_length: DraftLength | None = None) -> Decoder:
         return Decoder(
@@ -317,8 +318,6 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
         return engine, "ar"
     if name == "continuous-ar":
         return ContinuousLevelEngine(ContinuousEngine(decoder(None)), name), "ar"
-    if draft.draft == "none":
-        raise ValueError(f"engine '{name}' needs a draft: pass --draft ngram, edd, vdm or a draft model")
     auto = {"sd": "chain", "mcsd": "k_config", "seed": "k_config"}
     tree = draft.tree if draft.tree != "auto" else auto.get(name, "chain")
     proposer = make_proposer(replace(draft, tree=tree), pipe.target, model)

@@ -35,13 +35,13 @@ def run_bench_tot(
     from spectot.pipeline import Pipeline, make_engine, measure_solve_costs, make_proposer
     from spectot.solve import run_solve
 
+    tasks = [t.strip() for t in opts.tasks.split(",") if t.strip()]
+    engines = opts.engine_names(draft_opts.draft)  # checked before the model loads, not halfway through the run
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
         torch.set_num_threads(model_opts.threads)
     pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
-    tasks = [t.strip() for t in opts.tasks.split(",") if t.strip()]
-    engines = [e.strip() for e in opts.engines.split(",") if e.strip()]
     # a record depends on the problem, model, draft and search settings, not on which cells a run asks for:
     # tasks, engines and problems can be added to a finished run
     selection = ("tasks", "engines", "problems", "out")
