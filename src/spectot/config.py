@@ -390,6 +390,8 @@ class TreeSequoiaOptions:
             raise ValueError("--acceptance is required: e.g. --acceptance 0.6,0.2,0.1 or a JSON file")
         if self.streams < 1:
             raise ValueError(f"--streams must be >= 1, got {self.streams}")
+        if self.streams > 1 and not self.profile:
+            raise ValueError("--streams sizes the tree for B streams of a measured t(n): pass --profile with it")
         if not 1 <= self.budget <= MAX_TREE_NODES:
             raise ValueError(f"--budget must be in [1, {MAX_TREE_NODES}] (larger trees never pay), got {self.budget}")
         if self.max_depth < 0:
