@@ -192,6 +192,25 @@ def test_training_forward_equals_inference(target, kind: str) -> None:
         torch.testing.assert_close(other[:3], train_logits[:3])  # block [0, 3) is the same in both
 
 
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [("qwen2", {}), ("qwen2", {"use_sliding_window": True, "sliding_window": 4}), ("qwen3", {}), ("mistral", {})],
+)
+def test_drafts_of_other_families_build_and_match_inference(tiny_model, family: str, overrides: dict) -> None:
+    """Qwen2 / Qwen3 configs carry one layer type per target layer: a draft of fewer layers was refused by
+    transformers, after train-draft's whole feature extraction. A sliding window is the target's, not the draft's."""
+    other = tiny_model(family, 0, num_hidden_layers=LAYERS, **overrides)
+    draft = make_draft(other, "edd")
+    tokens = torch.tensor([5, 17, 42, 8, 3, 60, 21, 9])
+    starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 3])
+    hidden = target_hidden(other, tokens)
+    with torch.no_grad():
+        train_logits = draft(tokens[None], hidden[None], starts)[0]
+    for s, e in [(0, 3), (3, 8)]:
+        pending, block = inference_block_logits(draft, tokens, hidden, s, e)
+        torch.testing.assert_close(block, train_logits[s:e], atol=1e-4, rtol=1e-4)
+
+
 def test_draft_head_is_the_target_rows_of_head_ids(target) -> None:
     draft = make_draft(target, "edd")
     assert draft.model.lm_head.weight.equal(target.get_output_embeddings().weight[HEAD_IDS])

@@ -162,6 +162,11 @@ def test_a_hidden_layer_past_the_targets_layers_is_refused(tiny_checkpoint, tmp_
     with pytest.raises(ValueError, match=r"--hidden-layer 99: the target has 2 layers"):
         run_train_draft(model, options, lambda *args, **kwargs: None)
     assert not (tmp_path / "out" / "draft.json").exists()
+    # a draft deeper than its target kept random layers past the target's (a copied layer was promised)
+    deep = TrainDraftOptions(corpus=(str(path),), out=str(tmp_path / "out"), kind="vdm", layers=3, epochs=1)
+    with pytest.raises(ValueError, match=r"--layers 3: the target has 2"):
+        run_train_draft(model, deep, lambda *args, **kwargs: None)
+    assert not (tmp_path / "out" / "features").exists()
 
 
 def test_init_reads_the_features_of_its_own_hidden_layer(tiny_checkpoint, tmp_path) -> None:

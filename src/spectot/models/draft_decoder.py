@@ -131,6 +131,19 @@ def random_block_starts(length: int, low: int, high: int, generator: torch.Gener
     return starts
 
 
+def draft_architecture(target_config: dict, num_layers: int) -> dict:
+    """The target's transformers config for a ``num_layers`` draft: every layer full attention (the draft's
+    own mask decides what a position sees, in training and at inference; a per-layer ``layer_types`` of the
+    target's length, as Qwen2 / Qwen3 carry, refused the config)."""
+    config = {**target_config, "num_hidden_layers": num_layers}
+    if "layer_types" in config:
+        config["layer_types"] = ["full_attention"] * num_layers
+    for window in ("sliding_window", "use_sliding_window"):
+        if window in config:
+            config[window] = None if window == "sliding_window" else False
+    return config
+
+
 class DraftDecoder(nn.Module):
     """The trainable draft: ``model`` is a transformers causal LM of the target's architecture with
     ``num_layers`` layers whose embedding and head are views of the target's (frozen)."""
@@ -145,7 +158,7 @@ class DraftDecoder(nn.Module):
                 "use the target it was trained for, or train one with `spectot train-draft`"
             )
         self.config = config
-        cfg = AutoConfig.for_model(**{**config.target_config, "num_hidden_layers": config.num_layers})
+        cfg = AutoConfig.for_model(**draft_architecture(config.target_config, config.num_layers))
         cfg._attn_implementation = "sdpa"
         embed = target.get_input_embeddings().weight.detach()
         dtype = embed.dtype
@@ -181,9 +194,14 @@ class DraftDecoder(nn.Module):
         token embeddings). Measured on SmolLM2: the first KL is 13 nats this way, 52 when copying
         the last layer. The final norm is the target's. Where fewer layers follow the hidden layer than the
         draft has (it reads one of the last), the draft copies the target's last layers: a copied layer, never
-        a random one."""
-        draft = cls(config, target, head_ids)
+        a random one: a draft of more layers than the target has is refused (a draft that deep is no draft)."""
         layers = target.model.layers
+        if config.num_layers > len(layers):
+            raise ValueError(
+                f"a draft of {config.num_layers} layers for a target of {len(layers)}: --layers must be at most "
+                f"the target's (a draft is a small part of it)"
+            )
+        draft = cls(config, target, head_ids)
         first = 0 if config.hidden_layer is None else config.hidden_layer % (len(layers) + 1)
         first = max(0, min(first, len(layers) - config.num_layers))
         source = layers[first : first + config.num_layers]

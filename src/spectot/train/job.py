@@ -70,11 +70,14 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     layers = int(target.model.config.num_hidden_layers)
-    if not -(layers + 1) <= hidden_layer <= layers:  # hidden_states: the embeddings, then each layer
+    reads_hidden = init_layer is not None if init_config else options.kind == "edd" and options.hidden_states
+    if reads_hidden and not -(layers + 1) <= hidden_layer <= layers:  # the embeddings, then each layer
         raise ValueError(
             f"--hidden-layer {hidden_layer}: the target has {layers} layers, so hidden_states indices run "
             f"from {-(layers + 1)} to {layers} (0: the embeddings; -1: the last layer)"
         )
+    if init_config is None and options.layers > layers:  # before the features: DraftDecoder.initialise refuses it
+        raise ValueError(f"--layers {options.layers}: the target has {layers}; a draft is a small part of it")
     features = Path(options.features) if options.features else out / "features"
     setup = {
         "target": model.target,
