@@ -151,6 +151,9 @@ def test_a_decoder_checkpoint_embeds_too_and_bad_names_are_refused(tiny_checkpoi
 
     vectors = load_embedder(str(tiny_checkpoint))(["w1 w2", "w3"])
     assert vectors.shape[0] == 2 and np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    # a batch of empty texts tokenises to no columns (the model refused the (b, 0) input): zero vectors
+    empty = load_embedder(str(tiny_checkpoint), batch_size=2)(["w1", "w2", "", ""])
+    assert np.allclose(np.linalg.norm(empty, axis=1), [1, 1, 0, 0])
     with pytest.raises(ModelLoadError, match="no such folder"):
         load_embedder("not-a-model")
     (tmp_path / "config.json").write_text("{}")

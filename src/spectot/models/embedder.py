@@ -3,12 +3,12 @@ distance of their embeddings; the authors used a math-BERT encoder).
 
 ``load_embedder(name)`` loads any Hugging Face encoder (or decoder) checkpoint by alias, folder or hub id and
 returns a ``TextEmbedder``: texts -> (T, H) unit vectors, the mean of the last hidden layer over each text's
-tokens (padding masked out, so a text's vector does not depend on the batch it is embedded in):
+tokens (padding masked out, so a text's vector does not depend on the batch it is embedded in, up to rounding):
 
     e(x) = normalise( sum_i m_i h_i / sum_i m_i )      h_i: last hidden state of token i, m_i: 1 for real tokens
 
-Runs in fp32 on the given device; texts longer than the model's context are cut to it (a step is a few dozen
-tokens, far below any encoder's 512).
+Runs in fp32 on the given device; texts are cut to the model's context or 512 tokens, whichever is shorter (a
+step is a few dozen tokens).
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class TextEmbedder:
                 max_length=self.max_length,
                 return_tensors="pt",
             ).to(self.model.device)
+            if batch["input_ids"].shape[1] == 0:  # only empty texts and no special tokens: nothing to run
+                rows.append(torch.zeros(batch["input_ids"].shape[0], int(self.model.config.hidden_size)))
+                continue
             with torch.inference_mode():
                 hidden = self.model(**batch).last_hidden_state.float()  # (b, L, H)
             mask = batch["attention_mask"].unsqueeze(-1).float()  # (b, L, 1)
