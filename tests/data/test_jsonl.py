@@ -38,6 +38,23 @@ def test_malformed_line_is_named(tmp_path) -> None:
     assert "not valid JSON" in str(err.value)
 
 
+def test_a_line_nested_too_deep_is_named(tmp_path) -> None:
+    path = write(tmp_path, '{"q": "a"}', "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match=r"data\.jsonl:2: JSON nested too deep"):
+        read_field(path, "q")
+
+
+def test_a_torn_setup_file_is_named(tmp_path) -> None:
+    from spectot.data.jsonl import results_file
+
+    records, append = results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=False)
+    append({"id": "a"})
+    (tmp_path / "r.jsonl.run.json").write_text('{"se')
+    with pytest.raises(DataError, match=r"r\.jsonl\.run\.json: not the setup this job writes"):
+        results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)
+    assert (tmp_path / "r.jsonl").read_text() == '{"id": "a"}\n'  # nothing lost
+
+
 def test_line_that_is_not_an_object_is_named(tmp_path) -> None:
     path = write(tmp_path, '{"q": "a"}', '["q", "b"]')
     with pytest.raises(DataError, match=r":2: expected a JSON object, got list"):

@@ -84,6 +84,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         json.dumps({"token_ids": [5]}),  # 10: too short to train on, dropped with a warning, an issue
         json.dumps({"token_ids": [9, 8, 7]}),  # 11: engine output without prompt_ids
         json.dumps({"prompt_ids": list(range(10, 17)), "token_ids": [20, 21, 22]}),  # 12: whole (features: last 8)
+        "[" * 100_000 + "]" * 100_000,  # 13: nested past the parser's recursion limit (it ended the read)
     ]
     sequences, issues = read_corpus([write_lines(tmp_path / "c.jsonl", lines)], encode_chat, encode_text, 8)
     assert sequences == [
@@ -100,6 +101,7 @@ def test_read_corpus_line_kinds_and_issues(tmp_path) -> None:
         (8, "ValueError"),
         (9, "TypeError"),
         (10, "1 token(s)"),
+        (13, "RecursionError"),
     ]
     assert all(i.path == str(tmp_path / "c.jsonl") for i in issues)
 

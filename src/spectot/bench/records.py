@@ -121,7 +121,7 @@ def load_records(path: Path, config: dict) -> dict[tuple, dict]:
     for number, line in enumerate(lines, start=1):
         try:
             rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise DataError(
                 f"{path}:{number}: not a JSON line of benchmark records; use another output folder"
             ) from None

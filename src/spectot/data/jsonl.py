@@ -55,6 +55,8 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+        except RecursionError:
+            raise DataError(f"{path}:{number}: JSON nested too deep to read") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
         yield number, obj
@@ -100,7 +102,7 @@ def resume_outputs(path: str | Path, prompts: list[str]) -> int:
     for number, line in enumerate(complete, start=1):
         try:
             prompt = json.loads(line).get("prompt")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
             raise DataError(f"{path}:{number}: not an output line of this job; use another output file") from None
         if number > len(prompts) or prompt != prompts[number - 1]:
             raise DataError(
@@ -124,7 +126,10 @@ def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict
     if resume and out.exists() and out.stat().st_size:
         if not kept.exists():
             raise DataError(f"{path}: no {kept.name} beside it says which run wrote it; resume into another file")
-        before = json.loads(kept.read_text())
+        try:
+            before = json.loads(kept.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise DataError(f"{kept}: not the setup this job writes ({err}); resume into another file") from None
         differ = sorted(k for k in stored.keys() | before.keys() if stored.get(k) != before.get(k))
         if differ:
             raise DataError(
@@ -135,7 +140,7 @@ def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict
         for number, line in enumerate(lines, start=1):
             try:
                 record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 record = None
             if not isinstance(record, dict) or "id" not in record:
                 raise DataError(f"{path}:{number}: not a record of this job; resume into another file")
@@ -144,7 +149,9 @@ def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("")
-    kept.write_text(json.dumps(stored, indent=1))
+    partial = kept.with_name(kept.name + ".partial")  # a kill mid-write leaves the previous setup whole
+    partial.write_text(json.dumps(stored, indent=1))
+    partial.replace(kept)
 
     def append(record: dict) -> None:
         with out.open("a") as f:

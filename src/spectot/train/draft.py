@@ -82,7 +82,7 @@ def read_corpus(
                     if not line.strip():
                         continue
                     ids, generated = _line_tokens(json.loads(line), encode_chat, encode_text, vocab_size)
-                except (DataError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                except (DataError, json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
                     issues.append(CorpusIssue(path, number, f"{type(err).__name__}: {err}"))
                     continue
                 if len(ids) < 2:
