@@ -248,6 +248,20 @@ def test_save_load_round_trip(target, tmp_path) -> None:
     assert loaded.model.lm_head.weight.equal(target.get_output_embeddings().weight[HEAD_IDS])
 
 
+def test_weights_beside_another_saves_config_are_refused(target, tmp_path) -> None:
+    """A kill between save's two renames left new weights beside the old draft.json, which loaded in silence
+    when the shapes agreed (another hidden layer)."""
+    make_draft(target, "edd").save(tmp_path / "edd", HEAD_IDS)
+    old_config = (tmp_path / "edd" / "draft.json").read_text()
+    other = make_draft(target, "edd")
+    other.config = replace(other.config, hidden_layer=-3)
+    other.save(tmp_path / "edd", HEAD_IDS)
+    DraftDecoder.load(tmp_path / "edd", target)  # a whole save loads
+    (tmp_path / "edd" / "draft.json").write_text(old_config)  # as a kill after the weights' rename leaves it
+    with pytest.raises(ValueError, match="come from two saves"):
+        DraftDecoder.load(tmp_path / "edd", target)
+
+
 @pytest.mark.parametrize("name", ["next_token", "current_token"])
 def test_an_edd_gains_a_token_input_at_zero_weight(target, tmp_path, name: str) -> None:
     draft = make_draft(target, "edd")

@@ -256,9 +256,9 @@ class DraftDecoder(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.trainable_state().items()}
         state["head_ids"] = head_ids.to(torch.int32).contiguous()
-        # each file written aside and renamed: a kill mid-save leaves the previous draft whole, never new weights
-        # beside an old config (the config goes last: a draft.json names weights that are in place)
-        save_file(state, str(out / "draft.safetensors.partial"))
+        # each file written aside and renamed, the weights naming their config's digest: a kill between the two
+        # renames leaves new weights beside the old config, which load refuses
+        save_file(state, str(out / "draft.safetensors.partial"), metadata={"config": config_digest(self.config)})
         (out / "draft.safetensors.partial").replace(out / "draft.safetensors")
         (out / "draft.json.partial").write_text(json.dumps(asdict(self.config), indent=1))
         (out / "draft.json.partial").replace(out / "draft.json")
@@ -290,6 +290,7 @@ class DraftDecoder(nn.Module):
         """The draft in ``directory`` bound to ``target``; ``add_next_token`` / ``add_current_token``: give an
         EDD trained without W_n / W_c a zero one (the same function), to fine-tune it with that token input;
         ``head_size`` > 0: keep only the first (most frequent) ``head_size`` tokens of a ranked head."""
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
         root = Path(directory)
@@ -300,6 +301,8 @@ class DraftDecoder(nn.Module):
             raise ValueError(f"{root}: token inputs pair hidden states with tokens; this draft reads none")
         config = replace(config, **dict.fromkeys(new, True))
         try:
+            with safe_open(str(root / "draft.safetensors"), "pt") as weights:
+                written_for = (weights.metadata() or {}).get("config")  # None: saved before the digest
             state = load_file(str(root / "draft.safetensors"))
             head_ids = state.pop("head_ids").to(torch.int64)
         except Exception as err:  # safetensors' own errors (a truncated file) name neither the file nor a cure
@@ -307,6 +310,11 @@ class DraftDecoder(nn.Module):
                 f"{root / 'draft.safetensors'}: cannot read the draft's weights ({type(err).__name__}: {err}); "
                 "is the file complete? Retrain it, or copy it again"
             ) from None
+        if written_for is not None and written_for != config_digest(cls.read_config(root)):
+            raise ValueError(
+                f"{root}: draft.safetensors and draft.json come from two saves (one was cut off between them); "
+                "train again (--resume goes on from the checkpoint)"
+            )
         if head_size < 0:
             raise ValueError(f"head_size counts tokens (0: the whole head), got {head_size}")
         if 0 < head_size < head_ids.numel():
@@ -328,6 +336,12 @@ class DraftDecoder(nn.Module):
                 f"{root}: draft weights do not match its config (missing {missing}, unexpected {unexpected})"
             )
         return draft.to(target.device).eval()  # the layers were built on the host, the views on the target's device
+
+
+def config_digest(config: DraftDecoderConfig) -> str:
+    """A digest of ``config`` that its weights file carries (``save``), checked on ``load``."""
+    as_written = json.loads(json.dumps(asdict(config)))  # as draft.json holds it (integer keys become strings)
+    return hashlib.sha256(json.dumps(as_written, sort_keys=True).encode()).hexdigest()[:16]
 
 
 _TOKEN_INPUT_WEIGHTS = {"next_token": "next_proj.weight", "current_token": "current_proj.weight"}  # config -> W_n, W_c
