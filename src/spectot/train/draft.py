@@ -9,7 +9,7 @@ Three resumable stages, each shows progress through the ``report`` callback:
    does not parse is reported with its number and skipped; one too short to train on is dropped with a warning.
 2. features: the frozen target runs every sequence once (spectot's engine, the dtype the draft will
    be used with, so training sees the hidden states inference sees) and stores, per token, the
-   hidden state of the chosen layer and the target's top-``top_k`` next-token probabilities. Shards
+   hidden state of the chosen layer (in that dtype) and the target's top-``top_k`` next-token probabilities. Shards
    are written as they finish; a rerun skips the ones present.
 3. training: teacher forcing with the dual-block mask (block length L ~ U[block_min, block_max] per
    step), loss KL(P_target || P_draft) over the draft head's tokens (the target's top-k,
@@ -188,7 +188,7 @@ def extract_features(
                 records.append(
                     {
                         "tokens": torch.tensor(sequences[i][keep:], dtype=torch.int32),
-                        "hidden": result.hidden[0][keep:].to("cpu", torch.bfloat16),  # shards hold host tensors
+                        "hidden": result.hidden[0][keep:].to("cpu"),  # host tensors, in the dtype inference reads
                         "top_ids": top.indices.to(torch.int32),
                         "top_probs": top.values.to(torch.float16),
                     }
@@ -245,7 +245,8 @@ def load_shards(paths: Sequence[Path]) -> list[dict]:
 
 
 def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Sequences of similar length together (little padding), at most ``batch_tokens`` padded tokens."""
+    """Sequences of similar length together (little padding), at most ``batch_tokens`` padded tokens a batch; a
+    sequence longer than that is a batch of its own."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, current = [], []
     for i in order:
