@@ -24,7 +24,7 @@ from spectot.spec.decoding import DecodeConfig, Decoder, StreamResult
 from spectot.spec.draft_length import DraftLength
 from spectot.spec.proposers.base import DraftRequest
 from spectot.spec.proposers.draft_decoder import DraftDecoderProposer, _new_nodes
-from spectot.spec.sampling import SamplingParams, target_probs
+from spectot.spec.sampling import CoupledNoise, SamplingParams, target_probs
 from spectot.spec.trees.dynamic import CAPEPolicy, EAGLE2Policy, PCTPolicy, StaticPolicy, VCTPolicy
 from spectot.spec.trees.sequoia import sequoia_tree
 from spectot.spec.trees.shapes import k_config_tree
@@ -384,18 +384,24 @@ def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, 
 TREES = {**POLICIES, "pct": PCTPolicy(threshold=0.0, max_depth=4, max_nodes=24)}  # a tiny random draft is unsure
 
 
+@pytest.mark.parametrize("coupled", [False, True])
 @pytest.mark.parametrize("policy", ["k_config", "sequoia", "pct", "vct", "eagle2"])
 @pytest.mark.parametrize("kind", ["edd", "vdm"])
-def test_tree_nodes_carry_the_teacher_forced_draft_probability(target, drafts, kind: str, policy: str) -> None:
+def test_tree_nodes_carry_the_teacher_forced_draft_probability(
+    target, drafts, kind: str, policy: str, coupled: bool
+) -> None:
     """A tree's depths run only their new nodes over the ancestors kept in the draft's cache (cut back where a
     depth expands other branches): every node's draft probability must still be the teacher-forced draft's at
-    its parent's path, as if the whole path ran from scratch."""
+    its parent's path, as if the whole path ran from scratch. Sampled with coupled guesses (T = 1), a guess
+    ranked first is still given its own probability (it was given the largest of its siblings')."""
     draft = drafts[kind]
     tokens = torch.tensor([3, 17, 42, 8, 21, 9, 60])  # the last one is the pending token
     with torch.no_grad():
         hidden = target(tokens[None].to(target.device), output_hidden_states=True).hidden_states[HIDDEN_LAYER][0]
     prop = proposer(draft, TREES[policy])
-    (tree,) = prop.propose([DraftRequest(0, tokens, 5, hidden[:-1] if kind != "vdm" else None)], SamplingParams(), None)
+    sampling, noise = (SamplingParams(do_sample=True, temperature=1.0), CoupledNoise(3)) if coupled else (None, None)
+    request = DraftRequest(0, tokens, 5, hidden[:-1] if kind != "vdm" else None, noise=noise, position=2)
+    (tree,) = prop.propose([request], sampling or SamplingParams(), None)
     parents = tree.parents.tolist()
     assert max(parents) > 0 and len(set(parents)) < len(parents)  # two depths or more, and a fork
     assert prop.runner.stream_len(prop._streams[0]) == tokens.numel() - 1  # only the committed tokens stay

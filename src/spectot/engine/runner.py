@@ -602,13 +602,14 @@ class ModelRunner:
         k: int = 1,
         temperature: float = 1.0,
         noise: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """A chain draft in one native call: the chain ``forward`` of x's rows (input vectors, appended to
         ``stream``), then ``depths`` - 1 ``forward_kept`` steps, each of the head row ranked first at the depth
         before (``vocab``: the token id of each head row). Each depth ranks the top ``k`` of q = softmax(logits /
         ``temperature``), largest first, except that with ``noise`` (depths, head rows) float64, E at each
-        depth's position, the guess argmax q / E goes first (a coupled draft). Returns (probabilities, head rows),
-        each (depths, k), the probabilities the sorted top k; every row stays in the stream. The same ops on the
+        depth's position, the guess argmax q / E goes first (a coupled draft). Returns (probabilities, head rows,
+        own probabilities), each (depths, k): the probabilities the sorted top k, the own ones each head row's q
+        (the same but for a coupled guess); every row stays in the stream. The same ops on the
         same inputs as those Python steps, so the same bits, without their ~0.3 ms of host work a depth. None
         where the native loop is not built."""
         if not self.drafts_natively:
@@ -622,7 +623,7 @@ class ModelRunner:
             with torch.inference_mode():
                 x = x.to(self._embed.weight)
                 cos, sin = self._rope_tables(x, first + rows)
-                probs, heads = self._stack.chain(
+                probs, heads, own = self._stack.chain(
                     x, depths, k, cos, sin, self.cache.buffer, start, self.cache.slots(stream), vocab,
                     self._linear.amx_rows, self._batch_invariant, temperature, noise,
                 )  # fmt: skip
@@ -630,7 +631,7 @@ class ModelRunner:
             self.cache.drop_tail(start)  # the reserved slots, held by none
             raise
         self.cache.hold_range(stream, start, rows)
-        return probs, heads
+        return probs, heads, own
 
     def draft_rows(
         self,
@@ -642,13 +643,13 @@ class ModelRunner:
         k: int,
         temperature: float = 1.0,
         noise: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Nodes of a draft tree below ``stream``'s last token in one native call, their keys and values kept in
         ``scratch`` (a stream used as a list of slots: a compaction of the cache moves them with it): node r
         (token ``tokens[r]``, ``depths[r]`` below the stream's last token) becomes a new entry of ``scratch`` and
         attends to the stream's slots, then the ``scratch`` entries ``above[r]`` (its ancestors', root first),
         then its own. Returns each node's top ``k`` as ``draft_chain`` ranks them (``noise``: E at the nodes'
-        children's position, (head rows,)), (probabilities, head rows), each (R, k):
+        children's position, (head rows,)), (probabilities, head rows, own probabilities), each (R, k):
         what a tree ``forward`` of those nodes gives (the same columns in the same order), without its tree,
         commit and cut. None where the native loop is not built."""
         if not self.drafts_natively:
@@ -673,7 +674,7 @@ class ModelRunner:
             with torch.inference_mode():
                 x = self._embed.weight.index_select(0, tokens.to(self.device))
                 cos, sin = self._rope_tables(x, base + max(depths) + 1)
-                probs, heads = self._stack.rows(
+                probs, heads, own = self._stack.rows(
                     x, torch.tensor([base + d for d in depths]), k, cos, sin, self.cache.buffer, start,
                     self.cache.slots(stream), torch.tensor(tails), torch.tensor(tail_ptr), self._linear.amx_rows,
                     self._batch_invariant, temperature, noise,
@@ -682,7 +683,7 @@ class ModelRunner:
             self.cache.drop_tail(start)
             raise
         self.cache.hold_range(scratch, start, n)
-        return probs, heads
+        return probs, heads, own
 
     def _rope_tables(self, x: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole cos and sin tables (``_rope_form``), grown to hold positions 0 .. need - 1: doubled, up to the

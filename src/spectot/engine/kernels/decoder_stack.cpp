@@ -189,7 +189,8 @@ class DecoderStack {
   // the depth before (``head_top``; noise: one row per depth); every row's key and value stay in its slot. The
   // same ops as the runner's Python steps (``forward`` then ``forward_kept``, softmax, topk) on the same inputs,
   // so the same bits. vocab (head rows,) int64: the token id of each head row (a draft decoder's head covers a
-  // subset). Returns each depth's top k: [probabilities (depths, k) fp32, head rows (depths, k) int64].
+  // subset). Returns each depth's top k: [probabilities (depths, k) fp32, head rows (depths, k) int64, own
+  // probabilities (depths, k) fp32].
   std::vector<torch::Tensor> chain(torch::Tensor x, int64_t depths, int64_t k, const torch::Tensor& cos_table,
                                    const torch::Tensor& sin_table, const torch::Tensor& buffer, int64_t start,
                                    const torch::Tensor& path, const torch::Tensor& vocab, int64_t amx_rows,
@@ -210,6 +211,7 @@ class DecoderStack {
     torch::Tensor row_ptr = torch::from_blob(offsets.data(), {n + 1}, torch::kInt64).clone();
     auto probs = torch::empty({depths, k}, torch::kFloat32);
     auto indices = torch::empty({depths, k}, torch::kInt64);
+    auto owns = torch::empty({depths, k}, torch::kFloat32);
     int64_t position = first, slot = start;
     for (int64_t d = 0; d < depths; ++d) {
       const int64_t m = x.size(0);
@@ -220,6 +222,7 @@ class DecoderStack {
       const auto top = head_top(last.narrow(0, m - 1, 1), k, amx_rows, temperature, e);
       probs[d] = std::get<0>(top)[0];
       indices[d] = std::get<1>(top)[0];
+      owns[d] = std::get<2>(top)[0];
       position += m;
       slot += m;
       if (d + 1 == depths) break;
@@ -227,12 +230,13 @@ class DecoderStack {
       columns = slots.narrow(0, 0, position + 1);
       row_ptr = torch::tensor({int64_t{0}, position + 1}, torch::kInt64);
     }
-    return {probs, indices};
+    return {probs, indices, owns};
   }
 
   // Rows of draft-tree nodes (runner.py ``draft_rows``): row r, input vector x[r] at position positions[r], writes
   // slot start + r and reads the path's slots, then tails[tail_ptr[r] : tail_ptr[r + 1]] (its ancestors' slots,
-  // root first, then its own). Returns each row's top k (``head_top``): [probabilities (R, k), head rows (R, k)].
+  // root first, then its own). Returns each row's top k (``head_top``): [probabilities, head rows, own
+  // probabilities], each (R, k).
   std::vector<torch::Tensor> rows(const torch::Tensor& x, const torch::Tensor& positions, int64_t k,
                                   const torch::Tensor& cos_table, const torch::Tensor& sin_table,
                                   const torch::Tensor& buffer, int64_t start, const torch::Tensor& path,
@@ -260,15 +264,16 @@ class DecoderStack {
     const torch::Tensor last = forward(x, cos_table.index_select(0, positions), sin_table.index_select(0, positions),
                                        buffer, start, cols, row_ptr, amx_rows, batch_invariant || n > 1, 0)[0];
     const auto top = head_top(last, k, amx_rows, temperature, noise);
-    return {std::get<0>(top), std::get<1>(top)};
+    return {std::get<0>(top), std::get<1>(top), std::get<2>(top)};
   }
 
  private:
   // The top k of q = softmax(logits / temperature) of the head at rows h (the final norm first): (probabilities,
-  // head rows), each (rows, k), largest first. With noise (head rows,) double, E at the children's position, each
-  // row's guess argmax_i q_i / E_i goes first and its other top rows follow in order (the probabilities stay the
-  // sorted values): proposers/draft_decoder.py's ``_coupled_first``, in the same ops.
-  std::tuple<torch::Tensor, torch::Tensor> head_top(const torch::Tensor& h, int64_t k, int64_t amx_rows,
+  // head rows, own probabilities), each (rows, k), largest first. With noise (head rows,) double, E at the
+  // children's position, each row's guess argmax_i q_i / E_i goes first and its other top rows follow in order (the
+  // probabilities stay the sorted values; the own ones are each picked row's q): proposers/draft_decoder.py's
+  // ``_coupled_first``, in the same ops.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> head_top(const torch::Tensor& h, int64_t k, int64_t amx_rows,
                                                     double temperature,
                                                     const c10::optional<torch::Tensor>& noise) const {
     TORCH_CHECK(ends_.has_value(), "set_ends() before drafting");
@@ -276,7 +281,7 @@ class DecoderStack {
     const torch::Tensor normed = layer_ops::rms_norm(h.contiguous(), ends.norm, ends.eps);
     const torch::Tensor q = ends.head(normed, amx_rows).to(torch::kFloat32).div(temperature).softmax(-1);
     auto top = q.topk(k, -1);
-    if (!noise.has_value() || !noise->defined()) return top;
+    if (!noise.has_value() || !noise->defined()) return {std::get<0>(top), std::get<1>(top), std::get<0>(top)};
     const auto guess = q.to(torch::kDouble).div(*noise).argmax(-1);  // (rows,)
     auto picks = std::get<1>(top).clone();
     const int64_t* g = guess.data_ptr<int64_t>();
@@ -287,7 +292,7 @@ class DecoderStack {
       for (int64_t i = 0, j = 1; i < k && j < k; ++i)
         if (old[r * k + i] != g[r]) out[r * k + j++] = old[r * k + i];
     }
-    return {std::get<0>(top), picks};
+    return {std::get<0>(top), picks, q.gather(-1, picks)};
   }
 
   struct Ends {

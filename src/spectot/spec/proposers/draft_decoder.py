@@ -69,7 +69,10 @@ class _Block:
     tokens: list[int]
     parents: list[int] = field(default_factory=lambda: [-1])
     conf: list[float] = field(default_factory=lambda: [1.0])  # path confidence (product of draft probs)
-    prob: list[float] = field(default_factory=lambda: [1.0])  # draft probability of the node given its parent
+    prob: list[float] = field(default_factory=lambda: [1.0])  # the rank's draft probability the policy reads
+    # the node's own draft probability given its parent (``prob`` but for a coupled guess ranked first, which
+    # keeps the largest value; NaN where unknown): the confidence calibration reads
+    own: list[float] = field(default_factory=lambda: [1.0])
     q: list[torch.Tensor | None] = field(default_factory=lambda: [None])  # distribution each node was drawn from
     frontier: list[int] = field(default_factory=lambda: [0])
 
@@ -225,14 +228,15 @@ class DraftDecoderProposer:
         if drafted is None:
             return False
         self._committed[r.key] = r.tokens[:-1]
-        probs, heads = drafted
+        probs, heads, own = drafted
         try:
             if chain:
                 for depth in range(1, limit + 1):
-                    self._add(block, policy, depth, [0], probs[depth - 1 : depth], heads[depth - 1 : depth])
+                    at = slice(depth - 1, depth)
+                    self._add(block, policy, depth, [0], probs[at], heads[at], own=own[at])
                 self.forwards += limit
             else:
-                self._native_tree(r, block, policy, k, limit, probs, heads, params.temperature)
+                self._native_tree(r, block, policy, k, limit, probs, heads, own, params.temperature)
         finally:
             self.runner.truncate(stream, self._committed[r.key].numel())  # the pending token, any chain: scratch
         return True
@@ -253,6 +257,7 @@ class DraftDecoderProposer:
         limit: int,
         probs: torch.Tensor,  # (1, k): depth 1's children
         heads: torch.Tensor,
+        own: torch.Tensor,  # (1, k): their own probabilities
         temperature: float,
     ) -> None:
         """Depths 1.. of a tree (depth 1's forward done, counted here): each runs the frontier nodes the policy
@@ -264,7 +269,7 @@ class DraftDecoderProposer:
         depth, read = 1, [0]
         self.forwards += 1
         try:
-            while self._add(block, policy, depth, read, probs, heads) and depth < limit:
+            while self._add(block, policy, depth, read, probs, heads, own=own) and depth < limit:
                 depth += 1
                 read = policy.frontier_to_expand(depth, self._frontier_conf(block))
                 if not read:
@@ -272,7 +277,7 @@ class DraftDecoderProposer:
                 nodes = [block.frontier[j] for j in read]
                 above = [self._scratch_path(block, node, entry) for node in nodes]
                 noise = self._noise(r, [depth])
-                probs, heads = self.runner.draft_rows(
+                probs, heads, own = self.runner.draft_rows(
                     self._streams[r.key], self._scratch, torch.tensor([block.tokens[v] for v in nodes]),
                     [depth - 1] * len(nodes), above, k, temperature, None if noise is None else noise[0],
                 )  # fmt: skip
@@ -394,6 +399,7 @@ class DraftDecoderProposer:
                 # policies read them): the guess is the child the target's draw most likely is, and its own q
                 # understates that (a draft equal to the target is always right with the shared noise)
                 picks = _coupled_first(q_sub, picks, noise)
+                return self._add(block, policy, depth, rows, probs, picks, own=q_sub.gather(1, picks))
             return self._add(block, policy, depth, rows, probs, picks)
         picks = _draw(q_sub, k, mode == "without_replacement", generator)  # (rows, K)
         return self._add(block, policy, depth, rows, q_sub.gather(1, picks), picks, q_sub)
@@ -407,6 +413,7 @@ class DraftDecoderProposer:
         probs: torch.Tensor,  # (len(rows), K) each candidate's draft probability, largest first under ``top``
         picks: torch.Tensor,  # (len(rows), K) the candidates' head rows
         q_sub: torch.Tensor | None = None,  # sampled children: the distributions they were drawn from
+        own: torch.Tensor | None = None,  # (len(rows), K) the candidates' own probabilities where not ``probs``
     ) -> bool:
         """Append the policy's pick of the candidates below the frontier; False when it picked none."""
         k = probs.shape[1]
@@ -418,11 +425,13 @@ class DraftDecoderProposer:
         where = {fi: i for i, fi in enumerate(rows)}
         frontier = []
         prob_rows, pick_rows = probs.tolist(), picks.tolist()
+        own_rows = prob_rows if own is None else own.tolist()
         for fi, rank in policy.expand(depth, self._frontier_conf(block), child_probs):
             parent, row = block.frontier[fi], where[fi]
             block.tokens.append(self._head_list[pick_rows[row][rank]])
             block.parents.append(parent)
             block.prob.append(prob_rows[row][rank])
+            block.own.append(own_rows[row][rank])
             block.conf.append(block.conf[parent] * block.prob[-1])
             block.q.append(None if q_sub is None else q_sub[row])
             frontier.append(len(block.tokens) - 1)
@@ -442,7 +451,7 @@ class DraftDecoderProposer:
         tokens = torch.tensor([block.tokens[i] for i in nodes], dtype=torch.int64)
         parent_list = [index[block.parents[i]] - 1 for i in nodes]
         parents = torch.tensor(parent_list, dtype=torch.int64)
-        confidence = torch.tensor([block.prob[i] for i in nodes])  # NaN on grafted nodes
+        confidence = torch.tensor([block.own[i] for i in nodes])  # NaN on grafted nodes
         # a chain goes out as a chain: verified by the chain rules, cut and learnt by the adaptive length
         chain = parent_list == list(range(-1, len(nodes) - 1))
         if mode == "top" or not nodes:
@@ -532,6 +541,7 @@ def _graft_into(block: _Block, branch: Sequence[int], accept: float) -> list[flo
         block.tokens.append(tokens[v])
         block.parents.append(parents[v] + 1)
         block.prob.append(float("nan"))
+        block.own.append(float("nan"))
         block.conf.append(0.0)
         block.q.append(None)
     on_branch = {v + 1 for v in path}
