@@ -580,3 +580,22 @@ def test_a_padded_draft_head_keeps_ar_greedy(dist_models, padded_draft) -> None:
     proposer = DraftModelProposer(ModelRunner(padded_draft), tokens=DIST_VOCAB, target_rows=DIST_VOCAB)
     got = run(target, prompts, proposer, max_new_tokens=12, method="sd", num_draft_tokens=3)
     assert [r.token_ids for r in got] == want and sum(r.stats.proposed for r in got) > 0
+
+
+def test_the_depth_a_tree_step_reached_and_the_nodes_it_tested() -> None:
+    """A shallow leaf accepted reached its own depth only (the tree's deepest was counted as reached and
+    rejected, biasing acceptance by position low for fan trees and grafted branches); sampled siblings are
+    tried one after another, so those after the accepted one were never tested (calibration counted them as
+    rejected)."""
+    from spectot.spec.decoding import _depth_reached, _tested
+
+    fan = [-1, 0, 0, 1]  # root -> 1 -> 3, root -> 2
+    assert _depth_reached(fan, [0, 2]) == 1
+    assert _depth_reached(fan, [0, 1]) == 2  # node 3 was tested and rejected
+    assert _depth_reached(fan, [0, 1, 3]) == 2
+    assert _depth_reached(fan, [0]) == 1
+    tree = [-1, 0, 0, 1, 1]
+    assert _tested(tree, [0, 1], in_order=False) == [1, 2, 3, 4]
+    assert _tested(tree, [0, 1], in_order=True) == [1, 3, 4]
+    assert _tested(tree, [0, 2], in_order=True) == [1, 2]
+    assert _tested(tree, [0], in_order=True) == [1, 2]  # all rejected: all tried

@@ -459,20 +459,17 @@ class DecodeSession:
             s.stats.record_ranks(_accepted_ranks(st.tree, path))
             if length is not None:
                 self._observe_length(s, d, path)
+            parents = st.tree.parents.tolist()
             if d.confidence is not None:
-                on_path, conf = set(path), d.confidence.tolist()
-                # the nodes the target tested; NaN: no draft confidence (a grafted prompt-lookup branch)
-                tested = [
-                    i
-                    for i in range(1, len(st.tree))
-                    if int(st.tree.parents[i]) in on_path and not math.isnan(conf[i - 1])
-                ]
-                s.stats.record_calibration([conf[i - 1] for i in tested], [i in on_path for i in tested])
+                conf = d.confidence.tolist()  # NaN: no draft confidence (a grafted prompt-lookup branch)
+                tested = [i for i in _tested(parents, path, d.rule is not None) if not math.isnan(conf[i - 1])]
+                s.stats.record_calibration([conf[i - 1] for i in tested], [i in path for i in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
             kept = self._emit(s, new, _logprobs(logits, new, path))
             # a stop inside the accepted path ends the stream there: the step counts as a draft cut at the stop
             # (its last kept token plays the bonus token), so accepted + steps is what the stream emitted
-            s.stats.record_step(d.tokens.numel(), kept - 1, st.tree.depth if kept == len(new) else kept - 1)
+            reached = _depth_reached(parents, path) if kept == len(new) else kept - 1
+            s.stats.record_step(d.tokens.numel(), kept - 1, reached)
             # KV for the pending token and the accepted drafts that were kept (cache trimmed at a stop)
             accepted[s.sid] = path[: 1 + min(kept, len(path) - 1)]
             if out.hidden is not None:
@@ -631,6 +628,30 @@ def _common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
             i += 1
         n = i
     return n
+
+
+def _depth_reached(parents: list[int], path: list[int]) -> int:
+    """The deepest draft position verification tested: the accepted path's, one more where its last node has
+    children (all rejected). A shallow leaf accepted reaches no deeper, however deep other branches go.
+    Example: parents [-1, 0, 0, 1] (a fan: 1 -> 3 and 2), path [0, 2]: 1; path [0, 1]: 2."""
+    return len(path) - 1 + (path[-1] in parents)
+
+
+def _tested(parents: list[int], path: list[int], in_order: bool) -> list[int]:
+    """The nodes verification tested: the children of the accepted path's nodes; with ``in_order`` (sampled
+    siblings, tried one after another) only those up to the accepted one. Example: parents [-1, 0, 0, 1, 1],
+    path [0, 1]: [1, 2, 3, 4]; in order, [1, 3, 4] (node 2 came after the accepted node 1)."""
+    on_path = set(path)
+    tested = []
+    for node in range(1, len(parents)):
+        parent = parents[node]
+        if parent not in on_path:
+            continue
+        at = path.index(parent)
+        if in_order and at + 1 < len(path) and node > path[at + 1]:
+            continue
+        tested.append(node)
+    return tested
 
 
 def _accepted_ranks(tree: TokenTree, path: list[int]) -> list[int]:
