@@ -117,3 +117,6 @@ def test_the_python_api_refuses_what_it_would_run_as_something_else(tiny_checkpo
         make_engine(pipe, "seeed", DraftOptions(draft="none"), model)
     with pytest.raises(ValueError, match="--engine mcsd verifies k_config trees"):  # it ran chain SD as 'mcsd'
         make_engine(pipe, "mcsd", DraftOptions(draft="ngram"), model)
+    # one stop string given bare is one stop string (it stopped at each of its characters)
+    bare, wrapped = (pipe.generate(["w1 w2"], max_new_tokens=8, method="ar", stop=s)[0] for s in ("w9 w9", ("w9 w9",)))
+    assert bare.text == wrapped.text

@@ -258,7 +258,7 @@ class Pipeline:
             sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p),
             method=method,
             num_draft_tokens=num_draft_tokens,
-            stop=tuple(stop),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),  # one stop string given bare
             seed=seed,
         )
         encoded = [self.encode(p) for p in prompts]

@@ -599,3 +599,16 @@ def test_the_depth_a_tree_step_reached_and_the_nodes_it_tested() -> None:
     assert _tested(tree, [0, 1], in_order=True) == [1, 3, 4]
     assert _tested(tree, [0, 2], in_order=True) == [1, 2]
     assert _tested(tree, [0], in_order=True) == [1, 2]  # all rejected: all tried
+
+
+def test_stop_strings_are_checked() -> None:
+    """A bare string stopped at each of its characters ('\\n\\n' cut at one newline); an empty one before the
+    first token."""
+    from spectot.backends.base import CompletionRequest
+
+    with pytest.raises(ValueError, match=r"got the string '\\n\\n': pass \('\\n\\n',\)"):
+        DecodeConfig(stop="\n\n")  # type: ignore[arg-type]
+    for make in (lambda: DecodeConfig(stop=("x", "")), lambda: CompletionRequest("a", stop=("",))):
+        with pytest.raises(ValueError, match="non-empty strings"):
+            make()
+    assert DecodeConfig(stop=("\n\n",)).stop == ("\n\n",)

@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from spectot.spec.decoding import check_stop
+
 FinishReason = Literal["stop", "length"]  # OpenAI's words: EOS and stop strings are both "stop"
 
 
@@ -76,6 +78,7 @@ class CompletionRequest:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        check_stop(self.stop)
 
     @classmethod
     def make_dummy(cls, prompt: str = "1 + 1 =", max_tokens: int = 8) -> CompletionRequest:

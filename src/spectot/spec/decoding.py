@@ -57,6 +57,16 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        check_stop(self.stop)
+
+
+def check_stop(stop: object) -> None:
+    """Stop strings are a sequence of non-empty strings: a bare string would stop at each of its characters, an
+    empty one before the first token."""
+    if isinstance(stop, str):
+        raise ValueError(f"stop must be a sequence of strings, got the string {stop!r}: pass ({stop!r},)")
+    if any(not isinstance(s, str) or not s for s in stop):  # type: ignore[attr-defined]
+        raise ValueError(f"stop strings must be non-empty strings, got {tuple(stop)!r}")  # type: ignore[arg-type]
 
 
 @dataclass
