@@ -25,3 +25,17 @@ def test_t_curve_takes_the_sizes_in_turns_and_reports_each_relative_to_one(tiny_
     assert runner.cache.used == 0  # its stream is released
     with pytest.raises(ValueError, match="starts at n = 1"):
         measure_t_curve(runner, 0, ns=(2, 4))
+
+
+def test_a_profile_of_one_point_is_refused(tmp_path) -> None:
+    """Read as a flat curve, it priced every tree as free (n = 64 trees for 8 streams, a claimed 3.4x)."""
+    import json
+
+    from spectot.spec.profile import read_profile
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"t_curve": [{"n": 1, "t": 1.0}]}))
+    with pytest.raises(ValueError, match="one point says nothing about larger n"):
+        read_profile(str(path))
+    path.write_text(json.dumps({"t_curve": [{"n": 1, "t": 1.0}, {"n": 8, "t": 1.3}]}))
+    assert read_profile(str(path))["t_curve"][1]["n"] == 8

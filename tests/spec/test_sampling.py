@@ -42,6 +42,7 @@ def _logits_of(probs: list[float]) -> torch.Tensor:
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": -0.1}, "top_p"),
         ({"top_k": -1}, "top_k"),
+        ({"temperature": 1e-39}, "use 0 for greedy"),  # logits / T overflowed: NaN probabilities
     ],
 )
 def test_invalid_params_raise_value_error(kwargs: dict, match: str) -> None:

@@ -214,6 +214,23 @@ def test_onehot_draft_accepted_with_target_probability() -> None:
     assert abs(accepted / n - 0.3) <= 4 * stderr
 
 
+def test_a_token_q_could_not_have_drawn_is_a_fixed_candidate() -> None:
+    """q(x) = 0 for the draft token (a head bug, a restricted q): the chain rule accepted it always (u * 0 < p(x));
+    as the tree rule does, it is a fixed candidate: accepted with p(x), the first token still distributed as p."""
+    gen = torch.Generator().manual_seed(5)
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    q = torch.tensor([[0.5, 0.5, 0.0]])
+    n = 20_000
+    first = torch.zeros(3)
+    accepted = 0
+    for _ in range(n):
+        verdict = verify_chain(torch.tensor([2]), p, q, gen)
+        accepted += verdict.num_accepted
+        first[2 if verdict.num_accepted else verdict.next_token] += 1
+    assert abs(accepted / n - 0.2) <= 4 * math.sqrt(0.2 * 0.8 / n)
+    assert chisquare(first.numpy(), (p[0] * n).numpy()).pvalue > 1e-3
+
+
 # ----------------------------------------------------------------------------- hand-made cases
 
 

@@ -123,6 +123,8 @@ def read_profile(path: str, need_draft: bool = False) -> dict:
             raise ValueError(f"{path}: t_curve[{i}] is not a point {{n, t}}: {point!r}")
     if curve[0]["n"] != 1:
         raise ValueError(f"{path}: the t_curve must start at n = 1 (t(n) is relative to one row)")
+    if len(curve) < 2:  # read as flat, every tree size would cost one row's time
+        raise ValueError(f"{path}: a t_curve of one point says nothing about larger n; measure it at n > 1 too")
     for key in ("c", "c_extra_depth") if need_draft else ():
         if not isinstance(profile.get(key), int | float):
             raise ValueError(f"{path}: no draft cost '{key}': profile with the draft (`spectot tree profile --draft`)")

@@ -19,6 +19,9 @@ import torch
 from spectot.engine.kernels import decoder_ops, noise_ops
 
 
+MIN_TEMPERATURE = 1e-5  # vLLM's too: below it sampling is greedy in all but name
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """transformers-style sampling controls; validated eagerly."""
@@ -31,6 +34,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / T overflow to inf: NaN probabilities
+            raise ValueError(
+                f"temperature {self.temperature} is below {MIN_TEMPERATURE}, where logits / T overflow; "
+                "use 0 for greedy decoding"
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         if not 0 < self.top_p <= 1:  # also rejects NaN

@@ -48,12 +48,14 @@ def verify_chain(
     idx = torch.arange(k)
     p_x = p[idx, draft]  # (k,)
     q_x = torch.ones(k) if q is None else q[idx, draft]
+    fixed = q_x <= 0  # a token q could not have drawn: a fixed candidate, q = one-hot (as the tree rule has it)
     u = torch.rand(k, generator=generator)
-    rejected = (u * q_x >= p_x).nonzero()  # accept iff u < p/q, written without dividing
+    rejected = (u * q_x.masked_fill(fixed, 1.0) >= p_x).nonzero()  # accept iff u < p/q, written without dividing
     if rejected.numel() == 0:
         return Verdict(k, int(sample(p[k], generator)))
     i = int(rejected[0])  # host sync: the acceptance length decides what to commit
-    q_i = torch.zeros_like(p[i]).index_fill_(0, draft[i : i + 1], 1.0) if q is None else q[i]
+    one_hot = q is None or bool(fixed[i])
+    q_i = torch.zeros_like(p[i]).index_fill_(0, draft[i : i + 1], 1.0) if one_hot else q[i]
     return Verdict(i, int(sample(residual(p[i], q_i), generator)))
 
 
