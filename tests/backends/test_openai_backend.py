@@ -481,6 +481,46 @@ def test_an_aborted_generation_is_an_error_not_a_finished_text() -> None:
     assert pieces == ["par"]
 
 
+def test_a_stream_that_ends_without_a_finish_reason_is_an_error() -> None:
+    """A body that ends cleanly mid-generation (no finish reason, no [DONE]: a proxy gave up upstream) was a
+    finished "stop" completion of the partial text."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        event = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
+        event["choices"] = [{"index": 0, "text": "hel", "logprobs": None, "finish_reason": None}]
+        return StreamingResponse(iter([f"data: {json.dumps(event)}\n\n"]), media_type="text/event-stream")
+
+    pieces: list[str] = []
+
+    async def scenario(url: str) -> None:
+        async with OpenAIBackend.from_urls([url], model="m", timeout=10, max_retries=0) as backend:
+            with pytest.raises(OpenAIBackendError, match="ended without a finish reason"):
+                async for piece in backend.stream(REQUEST):
+                    pieces.append(piece)
+
+    with BackgroundServer(app) as server:
+        asyncio.run(scenario(server.url))
+    assert pieces == ["hel"]
+
+
+def test_fail_over_waits_for_a_server_whose_probe_is_out() -> None:
+    """Past its cooldown a server takes one request at a time (a probe); fail-over counted it as up while its
+    probe was out, and the request went there as a second probe (the full connect timeout on a silent host)."""
+    import time
+
+    backend = OpenAIBackend.from_urls(["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"], model="m")
+    tried, probing = backend._servers
+    probing.down_until, probing.outstanding = time.monotonic() - 1, 1
+    refused = openai.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1:9/v1/completions"))
+    refused.__cause__ = httpx.ConnectError("refused")
+    assert not backend._fail_over(refused, tried, [])
+    probing.outstanding = 0
+    tried.down_until = 0.0
+    assert backend._fail_over(refused, tried, [])
+
+
 def status_error(status: int, headers: dict[str, str]) -> openai.APIStatusError:
     response = httpx.Response(status, headers=headers, request=httpx.Request("POST", "http://x/v1/completions"))
     return openai.APIStatusError("scripted", response=response, body=None)

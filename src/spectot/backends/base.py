@@ -92,8 +92,9 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] = field(default_factory=list)  # one per generated token when asked for
-    # with logprobs: the text each generated token adds (pieces of a multi-byte character wait for its last
-    # byte's token, so they join to the text before any stop cut); [] when the backend does not say
+    # with logprobs: the text each generated token adds (the local engine's pieces join to the text before any
+    # stop cut, a character's bytes waiting for its last token; a server's are its own token strings, which may
+    # differ there); [] when the backend does not say
     tokens: list[str] = field(default_factory=list)
     seconds: float = 0.0  # wall time from submission to the last token (queueing included)
 

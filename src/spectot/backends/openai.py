@@ -219,6 +219,8 @@ class OpenAIBackend:
         finally:
             server.outstanding -= 1
             await chunks.close()  # on early exit or cancellation: closing the response aborts the request
+        if reason is None:  # the body ended cleanly mid-generation (a proxy that gave up upstream)
+            raise OpenAIBackendError(f"{server.url}: the stream ended without a finish reason", None, server.url)
         yield Completion(
             text="".join(pieces),
             finish_reason=finish_reason(reason, server.url),
@@ -304,14 +306,14 @@ class OpenAIBackend:
         server.down_until = time.monotonic() + self.cooldown
         unreachable.append(server)
         now = time.monotonic()
-        return any(s.down_until <= now and all(s is not u for u in unreachable) for s in self._servers)
+        return any(_is_up(s, now) and all(s is not u for u in unreachable) for s in self._servers)
 
     def _pick(self, avoid: Sequence[_Server] = ()) -> _Server:
         """The server with the fewest outstanding requests among those up (all, when none is) other than those in
         ``avoid`` (unless no other is left); among ties, the next one after the last pick. A server past its
         cooldown that has not answered since is up for one request at a time (a probe)."""
         now = time.monotonic()
-        up = [s for s in self._servers if s.down_until <= now and (s.down_until == 0.0 or s.outstanding == 0)]
+        up = [s for s in self._servers if _is_up(s, now)]
         choices = up or self._servers
         choices = [s for s in choices if all(s is not a for a in avoid)] or choices
         fewest = min(s.outstanding for s in choices)
@@ -404,6 +406,11 @@ class OpenAIBackend:
             tokens=tokens if all(isinstance(t, str) for t in tokens) else [],
             seconds=seconds,
         )
+
+
+def _is_up(server: _Server, now: float) -> bool:
+    """Up: never down, or past its cooldown with no request out (one probe at a time)."""
+    return server.down_until <= now and (server.down_until == 0.0 or server.outstanding == 0)
 
 
 def _text_api(client: openai.AsyncOpenAI) -> Any:
