@@ -341,6 +341,42 @@ def test_retracting_stops_speculation_the_latest_widths_drop() -> None:
     assert hits_on > 0.9 * hits_off
 
 
+def test_no_speculation_runs_below_a_child_nobody_will_ask_for() -> None:
+    """Two kinds of dead work held budget: the search's retain kept what ran under frontier children the level
+    does not ask for, and a retract cancelled only a dropped child, not what ran below it (a finished child
+    beyond its parent's width is kept, and its own speculated children ran on). Checked at every level start
+    and after every retract (toy, 48 searches on the virtual clock: 2 and 29 such jobs before)."""
+    seen = {"levels": 0, "retracts": 0, "dead": []}
+
+    def running(explorer: Explorer) -> list[ChildKey]:
+        return [k for k, j in explorer._jobs.items() if j.speculative and not j.used and not j.task.done()]
+
+    class Watched(Explorer):
+        async def level(self, keys, rule=None, budget=0):
+            seen["levels"] += 1
+            asked = {k.node for k in keys}
+            depth = len(keys[0].node)
+            seen["dead"] += [k for k in running(self) if len(k.at) >= depth and k.at[:depth] not in asked]
+            return await super().level(keys, rule, budget)
+
+        def _retract(self, widths):
+            super()._retract(widths)
+            seen["retracts"] += 1
+            for k in running(self):
+                for parent, width in widths.items():
+                    below = k.node[: len(parent) + 1]
+                    if len(below) > len(parent) and below[: len(parent)] == parent and below[-1] >= width:
+                        seen["dead"].append(k)
+
+    for seed in range(8):
+        for run_seed in range(6):
+            config, budget = TreeSearchConfig("rebase", budget=8), SharedBudget(k_total=6 + seed % 3)
+            source = lambda e, budget=budget: Watched(e, budget, lookahead=2)  # noqa: E731
+            run(reward_balanced_search, source, config, seed=seed, run_seed=run_seed)
+    assert seen["levels"] > 100 and seen["retracts"] > 500
+    assert seen["dead"] == []
+
+
 @pytest.mark.parametrize("lookahead", [1, 2])
 def test_the_oracle_speculates_plains_tree_and_nothing_else(lookahead) -> None:
     """Told the plain tree, the explorer speculates only nodes of it (hit rate 1, nothing cancelled or wasted),

@@ -173,6 +173,7 @@ class Explorer:
         self._closed = False  # the search is done: a speculative expansion finishing late starts nothing more
         self._asks: dict[int, Callable[[], None]] = {}  # BFS: per depth, the speculation the budget refused
         self._keep: Callable[[ChildKey], bool] = lambda key: True  # the search's latest ``retain``
+        self._widths: dict[Node, int] = {}  # BFS: each parent's latest predicted width, since the search's retain
 
     @property
     def speculating(self) -> bool:
@@ -279,6 +280,7 @@ class Explorer:
         what speculation may start from now on."""
         if not running_only:
             self._keep = keep
+            self._widths.clear()  # the search's own widths supersede the predictions
         for key, job in list(self._jobs.items()):
             if job.speculative and not job.used and not keep(key) and not (running_only and job.task.done()):
                 if not job.task.done():
@@ -343,9 +345,16 @@ class Explorer:
             ask()
 
     def _retract(self, widths: dict[Node, int]) -> None:
-        """Cancel the running speculative children of these parents (by place) beyond their latest predicted
-        width (a finished one stays: a later prediction may want it back)."""
-        self.retain(lambda key: key.at not in widths or key.index < widths[key.at], running_only=True)
+        """Cancel the running speculative expansions whose path passes a child beyond its parent's latest
+        predicted width: such a child itself (a finished one stays: a later prediction may want it back) and
+        whatever runs below it (nothing would ask for that while the width excludes it)."""
+        self._widths.update(widths)
+        self.retain(self._predicted, running_only=True)
+
+    def _predicted(self, key: ChildKey) -> bool:
+        """Whether every child on ``key``'s path, ``key``'s own included, is within its parent's latest width."""
+        node = key.node
+        return all(node[cut] < self._widths.get(node[:cut], node[cut] + 1) for cut in range(len(node)))
 
     def _after_speculative(self, task: asyncio.Task, rule: WidthRule, budget: int, depth_left: int) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -354,7 +363,11 @@ class Explorer:
         # to it), so each one not finished yet, speculated or not, stands in at the finished ones' mean reward
         # (over the family alone, a first speculated child took the whole budget for its own children)
         depth = len(task.result().key.parent)
-        level = [job.task for key, job in self._jobs.items() if len(key.parent) == depth and _succeeded(job.task)]
+        level = [
+            job.task
+            for key, job in self._jobs.items()
+            if len(key.parent) == depth and _succeeded(job.task) and self._predicted(key)
+        ]
         finished = [t.result() for t in level]
         self._speculate_children(finished, max(budget - len(finished), 0), rule, budget, depth_left - 1)
 

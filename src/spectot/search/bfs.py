@@ -19,7 +19,7 @@ from dataclasses import replace
 from collections.abc import Sequence
 
 from spectot.search.ets import ets_select, semantic_clusters
-from spectot.search.expansion import Child, ChildKey
+from spectot.search.expansion import Child, ChildKey, Node
 from spectot.search.rebase import rebase_widths
 from spectot.search.tree_search import (
     ChildSource,
@@ -65,7 +65,8 @@ async def reward_balanced_search(
         if not keys:
             break
         wanted = set(keys)
-        source.retain(lambda k, f=frontier, w=wanted: k in w or _under(k, f, strictly=True))  # drop mis-speculation
+        places = {k.node for k in wanted}  # what runs under another child of the frontier is never asked for
+        source.retain(lambda k, w=wanted, p=places: k in w or _below(k, p))  # drop mis-speculation
         children = await source.level(keys, rule, budget)
         consumed += children
         finished = [c for c in children if c.final]
@@ -82,10 +83,11 @@ async def reward_balanced_search(
     return result_of(task, problem, leaves, consumed, stopped=False)
 
 
-def _under(key: ChildKey, nodes: Sequence[Child], strictly: bool = False) -> bool:
-    """Whether ``key`` expands one of ``nodes`` or a descendant of one (strictly: a descendant only)."""
-    for n in nodes:
-        place = n.node
-        if len(key.at) >= len(place) + (1 if strictly else 0) and key.at[: len(place)] == place:
-            return True
-    return False
+def _under(key: ChildKey, nodes: Sequence[Child]) -> bool:
+    """Whether ``key`` expands one of ``nodes`` or a descendant of one."""
+    return _below(key, {n.node for n in nodes})
+
+
+def _below(key: ChildKey, places: set[Node]) -> bool:
+    """Whether ``key`` expands a node at one of ``places`` or a descendant of one."""
+    return any(key.at[:n] in places for n in {len(p) for p in places} if len(key.at) >= n)
