@@ -241,6 +241,10 @@ def test_tree_per_stream_shrinks_as_streams_grow() -> None:
     assert all(a >= b for a, b in zip(sizes, sizes[1:]))
     assert sizes[0] > sizes[-1] == 1
     assert all(budgets[b].streams == b for b in budgets)
+    # a costlier first draft forward (it catches up) reaches every B's choice, as choose_tree_size's own
+    costly = per_stream_budget(big_table(), measured_curve(), 0.05, [1, 4], first_draft_cost=0.5)
+    assert costly[4] == choose_tree_size(big_table(), measured_curve(), 0.05, 4, first_draft_cost=0.5)
+    assert costly[1].step_time > budgets[1].step_time
 
 
 def test_measured_kink_past_32_tokens_is_followed() -> None:

@@ -224,9 +224,10 @@ def per_stream_budget(
     draft_cost: float | Callable[[int], float],
     streams_options: Iterable[int],
     max_nodes: int | None = None,
+    first_draft_cost: float | None = None,
 ) -> dict[int, SizingChoice]:
     """{B: choose_tree_size(..., streams=B)}: few streams afford big trees, many streams small ones."""
-    return {b: choose_tree_size(table, t_curve, draft_cost, b, max_nodes) for b in streams_options}
+    return {b: choose_tree_size(table, t_curve, draft_cost, b, max_nodes, first_draft_cost) for b in streams_options}
 
 
 def _draft_step_cost(draft_cost: float | Callable[[int], float], streams: int) -> float:
