@@ -12,7 +12,8 @@ rates: EAGLE-2 (Li et al. 2024, section 3) and PCT (Zheng & Wang, ACL 2025) both
 calibrated to acceptance, so sum_v f(v) estimates the acceptance length of the tree (root term included: the
 acceptance length counts the bonus token).
 
-Conventions every policy follows (``check_expansion`` and ``keep_subtree`` enforce them):
+Conventions every policy follows (``grow``, the reference drafter the tests run every policy through, checks
+them with ``check_expansion`` and ``keep_subtree``; the draft decoder's drafter relies on them unchecked):
   - expand's pairs are grouped by frontier index ascending, ranks ascending within a group and without gaps
     (rank r only if rank r - 1 is added);
   - the drafter appends the children in exactly that order, so nodes are numbered breadth-first with siblings
