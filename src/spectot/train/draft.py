@@ -175,15 +175,19 @@ def extract_features(
             records = []
             for i in members:
                 stream = runner.new_stream()
+                length = len(sequences[i])
+                keep = -window if window else 0  # [-window:] is the whole sequence when it is shorter
+                rows = range(max(0, length - window) if window else 0, length)  # the logits of those only
                 try:
                     result = runner.forward(
-                        [StreamTree(stream, TokenTree.chain(sequences[i]))], hidden_layer=hidden_layer
+                        [StreamTree(stream, TokenTree.chain(sequences[i]))],
+                        logit_rows=[rows],
+                        hidden_layer=hidden_layer,
                     )
                     runner.commit({})
                 finally:
                     runner.release(stream)
-                keep = -window if window else 0  # [-window:] is the whole sequence when it is shorter
-                probs = result.logits[0][keep:].softmax(-1)  # (T, V) float32
+                probs = result.logits[0].softmax(-1)  # (T, V) float32
                 top = probs.topk(top_k, dim=-1)
                 records.append(
                     {
