@@ -213,7 +213,8 @@ def test_draft_chain_equals_forward_then_forward_kept_steps(tiny_model, exact: b
     for native in (True, False):
         stream = runner.new_stream(sid)
         if native:
-            probs, heads = runner.draft_chain(stream, x, depths, vocab, k=1)
+            probs, heads, own = runner.draft_chain(stream, x, depths, vocab, k=1)
+            assert torch.equal(own, probs)  # no noise: each pick's own probability is its sorted value
             probs, heads = probs[:, 0].tolist(), heads[:, 0].tolist()
         else:
             tree = TokenTree.chain(torch.zeros(first_rows, dtype=torch.int64))
