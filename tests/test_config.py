@@ -125,6 +125,8 @@ def test_solve_does_not_empty_an_earlier_runs_results(tmp_path: Path) -> None:
         ("tot-bfs", "none", {"engine": "seed-batched"}, {}, {}, "--engine seed-batched drafts"),
         ("tot-bfs", "ngram", {"engine": "mcsd"}, {}, {}, "--engine mcsd verifies k_config trees"),  # ran chain SD
         ("tot-bfs", "edd", {"engine": "mcsd"}, {}, {}, None),
+        ("tot-bfs", "ngram", {"engine": "continuous-sd", "trace": "t.json"}, {}, {}, "keeps none"),  # empty trace
+        ("tot-bfs", "ngram", {"engine": "seed", "trace": "t.json"}, {}, {}, None),
         ("tot-bfs", "ngram", {"engine": "seed"}, {"queries_in_flight": 4}, {}, "needs a continuous engine"),
         ("rebase", "ngram", {"generations": ""}, {}, {"method": "sd"}, None),
         ("rebase", "none", {}, {}, {"method": "sd"}, "--method sd decodes with a draft"),

@@ -987,14 +987,30 @@ class BenchTotOptions:
     in_flight: int = field(
         default=1, **opt("problems the continuous engines search at once (their wall time is shared; others: 1)")
     )
+    chunk: int = field(
+        default=5,
+        **opt(
+            "problems an engine runs before the next engine runs the same ones (rounded up to a multiple of "
+            "--in-flight): the engines take turns, so the machine's drift hits each alike; 0 = whole cells"
+        ),
+    )
     out: str = field(default="runs/bench_tot", **opt("output folder (JSON, Markdown, records for resuming)"))
 
     def __post_init__(self) -> None:
         if self.problems < 1 or self.in_flight < 1:
             raise ValueError("--problems and --in-flight must be >= 1")
+        if self.chunk < 0:
+            raise ValueError(f"--chunk counts problems (0: whole cells), got {self.chunk}")
         parse_names(self.tasks, "--tasks", get_args(TaskName))
         if self.engines != "all":
             parse_names(self.engines, "--engines", get_args(EngineName))
+
+    @property
+    def turn(self) -> int:
+        """Problems an engine runs per turn: --chunk rounded up to a multiple of --in-flight (all: 0)."""
+        if not self.chunk:
+            return self.problems
+        return -(-self.chunk // self.in_flight) * self.in_flight
 
     def engine_names(self, draft: str) -> list[str]:
         """The engines to run with ``--draft draft``, each checked against it (``check_engine_draft``)."""
@@ -1103,6 +1119,11 @@ def check_solve(
         if tree.explore != "none":
             raise ValueError("--explore spex speculates for --search rebase, ets, rstar or rest-mcts, not tot-bfs")
         check_engine_draft(options.engine, draft.draft)
+        if options.trace and options.engine.startswith("continuous"):  # it wrote an empty trace
+            raise ValueError(
+                f"--trace records per-stream timelines of the level engines; --engine {options.engine} keeps none "
+                "(its streams join and leave one shared step): trace ar, sd, mcsd, batched-* or seed*"
+            )
         if tree.queries_in_flight > 1 and not options.engine.startswith("continuous"):
             raise ValueError(
                 f"--queries-in-flight {tree.queries_in_flight} with --search tot-bfs needs a continuous engine "

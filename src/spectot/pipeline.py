@@ -312,7 +312,8 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
     if name == "hf-batched-ar":
         from spectot.schedulers.hf import HFBatchedEngine
 
-        return HFBatchedEngine(pipe.target.model, pipe.target.eos_token_ids, pipe.decoder.detokenize), "ar"
+        target = pipe.target
+        return HFBatchedEngine(target.model, target.eos_token_ids, pipe.decoder.detokenize, target.max_context), "ar"
     if name in ("ar", "batched-ar"):
         engine = SerialEngine(decoder(None), "ar") if name == "ar" else BatchedEngine(decoder(None), "batched-ar")
         return engine, "ar"

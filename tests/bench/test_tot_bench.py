@@ -19,12 +19,19 @@ GSM8K = Path(__file__).parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 def test_bench_tot_engines_keep_ar_trees_across_problems_and_resume(tiny_checkpoint, tmp_path) -> None:
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     search = SearchOptions(thought_temperature=0.0, depth=2, thoughts=2)
-    opts = BenchTotOptions(gsm8k=str(GSM8K), problems=3, engines="ar,sd,seed-batched", out=str(tmp_path))
+    opts = BenchTotOptions(gsm8k=str(GSM8K), problems=3, engines="ar,sd,seed-batched", chunk=2, out=str(tmp_path))
     result = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
     assert [r["engine"] for r in result["rows"]] == ["ar", "sd", "seed-batched"]
     assert all(r["problems"] == 3 and r["same_answers_as_ar"] == 3 for r in result["rows"])
     assert "| gsm8k | seed-batched |" in (tmp_path / "results.md").read_text()
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    # the engines take turns on chunks of 2 problems (one engine ran all its problems before the next started)
+    order = [tuple(json.loads(line)["key"][1:]) for line in lines if json.loads(line)["key"][0] == "gsm8k"]
+    assert order == [("ar", 0), ("ar", 1), ("sd", 0), ("sd", 1), ("seed-batched", 0), ("seed-batched", 1)] + [
+        ("ar", 2),
+        ("sd", 2),
+        ("seed-batched", 2),
+    ]
     again = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
     assert (tmp_path / "records.jsonl").read_text().splitlines() == lines
     assert json.loads(json.dumps(again["rows"])) == json.loads(json.dumps(result["rows"]))
@@ -54,3 +61,11 @@ def test_bench_tot_closes_each_continuous_engine_before_the_next(tiny_checkpoint
     assert all(r["same_answers_as_ar"] == 2 for r in result["rows"])
     assert alive_at_creation == [0, 0, 0]  # each engine made with none of the earlier ones running
     assert not any(t.name == "spectot-engine" for t in threading.enumerate())  # nor once the bench returns
+
+
+def test_a_turn_is_a_chunk_rounded_up_to_the_problems_in_flight() -> None:
+    assert BenchTotOptions(problems=10, chunk=3, in_flight=2).turn == 4
+    assert BenchTotOptions(problems=10, chunk=5).turn == 5
+    assert BenchTotOptions(problems=10, chunk=0).turn == 10  # whole cells
+    with pytest.raises(ValueError, match="--chunk counts problems"):
+        BenchTotOptions(chunk=-1)

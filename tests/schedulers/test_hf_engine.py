@@ -15,6 +15,7 @@ from spectot.spec.decoding import DecodeConfig, Decoder
 from spectot.spec.sampling import SamplingParams
 
 PROMPTS = [list(range(3, 23)) + [5, 9], [11, 4, 4, 2], list(range(30, 40))]
+CONTEXT = 2048
 
 
 def detokenize(ids: list[int]) -> str:
@@ -26,7 +27,7 @@ def test_greedy_hf_batch_equals_serial_ar(tiny_llama, eos) -> None:
     target = tiny_llama()
     level = Level(PROMPTS, DecodeConfig(max_new_tokens=16), [0, 1, 2])
     ar = SerialEngine(Decoder(ModelRunner(target), eos_token_ids=eos or (63,))).run(level)
-    hf = HFBatchedEngine(target, eos or (63,), detokenize).run(level)
+    hf = HFBatchedEngine(target, eos or (63,), detokenize, CONTEXT).run(level)
     for a, h in zip(ar, hf):
         assert h.token_ids == a.token_ids
         assert h.finish_reason == a.finish_reason
@@ -41,7 +42,7 @@ def test_stop_strings_end_rows_where_spectot_does(tiny_llama) -> None:
     stop = (f"w{plain[0].token_ids[3]}",)  # appears in the first stream's output
     level = Level(PROMPTS, DecodeConfig(max_new_tokens=16, stop=stop), [0, 1, 2])
     ar = free.run(level)
-    hf = HFBatchedEngine(target, (63,), detokenize).run(level)
+    hf = HFBatchedEngine(target, (63,), detokenize, CONTEXT).run(level)
     assert ar[0].finish_reason == "stop"
     assert [h.token_ids for h in hf] == [a.token_ids for a in ar]
     assert [h.finish_reason for h in hf] == [a.finish_reason for a in ar]
@@ -49,7 +50,7 @@ def test_stop_strings_end_rows_where_spectot_does(tiny_llama) -> None:
 
 def test_sampling_is_reproducible_from_the_level_seed_and_leaves_global_rng_alone(tiny_llama) -> None:
     target = tiny_llama()
-    engine = HFBatchedEngine(target, (63,), detokenize)
+    engine = HFBatchedEngine(target, (63,), detokenize, CONTEXT)
     config = DecodeConfig(max_new_tokens=12, sampling=SamplingParams(do_sample=True, temperature=1.0))
     torch.manual_seed(123)
     before = torch.rand(1)
@@ -72,7 +73,17 @@ def test_the_checkpoints_generation_settings_do_not_leak_into_plain_decoding(tin
     target.generation_config.min_new_tokens = 16
     level = Level(PROMPTS, DecodeConfig(max_new_tokens=16), [0, 1, 2])
     ar = SerialEngine(Decoder(ModelRunner(target), eos_token_ids=(7,))).run(level)
-    hf = HFBatchedEngine(target, (7,), detokenize).run(level)
+    hf = HFBatchedEngine(target, (7,), detokenize, CONTEXT).run(level)
     assert [h.token_ids for h in hf] == [a.token_ids for a in ar]
     assert [h.finish_reason for h in hf] == [a.finish_reason for a in ar]
     assert target.generation_config.repetition_penalty == 1.3  # the checkpoint's own is given back
+
+
+def test_a_prompt_past_the_context_is_refused_as_spectots_engines_refuse_it(tiny_llama) -> None:
+    """generate() ran past the model's context (RoPE past its trained positions) where spectot's engines refuse."""
+    from spectot.engine.runner import ContextOverflowError
+
+    engine = HFBatchedEngine(tiny_llama(), (63,), detokenize, max_context=30)
+    with pytest.raises(ContextOverflowError, match="prompt 0 has 22 tokens; with max_new_tokens=16 it exceeds"):
+        engine.run(Level(PROMPTS, DecodeConfig(max_new_tokens=16), [0, 1, 2]))
+    assert len(engine.run(Level(PROMPTS, DecodeConfig(max_new_tokens=8), [0, 1, 2]))) == 3

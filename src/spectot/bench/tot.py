@@ -6,8 +6,10 @@ tokens per target step and acceptance rate of the Thought Generator (TG) and Sta
 accuracy, whether the answers equal serial ``ar``'s, and the speedup over serial ``ar`` and over
 ``batched-ar``. A problem is one record (appended as it finishes), so an interrupted run resumes. With
 ``--in-flight N`` the continuous engines search N problems at once; such a unit's wall time is shared
-equally by its problems' records (their sum is the run's wall time). One untimed short generation runs first, so
-the first engine (usually ``ar``, the baseline) does not pay the process's first forwards.
+equally by its problems' records (their sum is the run's wall time). The engines take turns on chunks of
+``--chunk`` problems (each engine made afresh for its turn), so the machine's drift hits every engine alike; one
+untimed short generation runs first, so the first engine (usually ``ar``, the baseline) does not pay the process's
+first forwards.
 Greedy decoding makes every engine's tree identical to ``ar``'s; at temperature 1 (the default, as in
 the paper) ``ar`` and ``batched-ar`` still draw identical samples, speculative engines draw from the
 same distribution with other random numbers.
@@ -53,8 +55,17 @@ def run_bench_tot(
         costs = measure_solve_costs(pipe, make_proposer(replace(draft_opts, tree="chain"), pipe.target, model_opts))
         append_record(out / "records.jsonl", config_key, ("costs",), costs, records)
     (out / "profile.json").write_text(json.dumps(costs or {}))
-    todo = [(t, e, i) for t in tasks for e in engines for i in range(opts.problems) if (t, e, i) not in records]
-    made = {}  # one engine per (task, engine) across its problems, as `spectot solve --limit N` runs them
+    # the engines take turns on each chunk of problems (drift lands on all alike, not on the engine then running)
+    turns = range(0, opts.problems, opts.turn)
+    todo = [
+        (t, e, i)
+        for t in tasks
+        for first in turns
+        for e in engines
+        for i in range(first, min(first + opts.turn, opts.problems))
+        if (t, e, i) not in records
+    ]
+    made = {}  # one engine per (task, engine) across a turn's problems, as `spectot solve --limit N` runs them
     if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine,
         # nor its first sampled token (the noise kernel loads then): thoughts are sampled
         warm_up = ["Warm-up: two plus two is", "A second row"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, StoppingCriteria
 
+from spectot.engine.runner import ContextOverflowError
 from spectot.schedulers.base import Level, Recorder
 from spectot.schedulers.timeline import Timeline
 from spectot.spec.decoding import FinishReason, StreamResult, hit_stop
@@ -26,11 +27,18 @@ class HFBatchedEngine:
     model: object  # a transformers causal LM
     eos_token_ids: Sequence[int]
     detokenize: Callable[[list[int]], str]
+    max_context: int  # tokens a row may hold, as spectot's engines check it (generate() would run past it)
     name: str = "hf-batched-ar"
 
     def run(self, level: Level, timeline: Timeline | None = None) -> list[StreamResult]:
         rec = Recorder(timeline, level)
         config, prompts = level.config, [list(p) for p in level.prompts]
+        for i, p in enumerate(prompts):
+            if len(p) + config.max_new_tokens > self.max_context:
+                raise ContextOverflowError(
+                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the "
+                    f"model's context of {self.max_context} tokens"
+                )
         pad = self.eos_token_ids[0]
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.int64)
