@@ -112,6 +112,21 @@ def test_priority_orders_admission(tiny_llama) -> None:
     assert engine.counters.max_live == 1
 
 
+def test_a_request_given_up_while_queued_is_counted_cancelled(tiny_llama) -> None:
+    """Only requests cancelled while they ran were counted; one given up in the queue was skipped unseen."""
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
+    try:
+        blocker, queued = _blocked(engine)
+        given_up = engine.submit([5, 6], DecodeConfig(max_new_tokens=2), 1)
+        assert given_up.cancel()
+        after = engine.submit([7, 8], DecodeConfig(max_new_tokens=2), 2)
+        queued.set()
+        blocker.result(timeout=60), after.result(timeout=60)
+    finally:
+        engine.close()
+    assert (engine.counters.cancelled, engine.counters.finished) == (1, 2)
+
+
 def test_reprioritize_moves_a_queued_request_ahead(tiny_llama) -> None:
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     order: list[str] = []

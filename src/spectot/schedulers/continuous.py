@@ -58,7 +58,7 @@ class EngineCounters:
     steps: int = 0  # target verification forwards
     admitted: int = 0
     finished: int = 0
-    cancelled: int = 0
+    cancelled: int = 0  # requests their callers gave up, queued or running
     max_live: int = 0  # the most streams one forward carried
     prompt_tokens: int = 0  # of admitted requests
     prompt_tokens_cached: int = 0  # of those, forked from the prefix cache
@@ -178,7 +178,9 @@ class ContinuousEngine:
             admitted = []
             while self._waiting and len(live) + len(admitted) < self.max_streams:
                 request = heapq.heappop(self._waiting)
-                if not request.future.cancelled():
+                if request.future.cancelled():  # given up while queued
+                    self.counters.cancelled += 1
+                else:
                     admitted.append(request)
             return admitted
 
