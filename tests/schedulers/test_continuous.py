@@ -127,6 +127,35 @@ def test_a_request_given_up_while_queued_is_counted_cancelled(tiny_llama) -> Non
     assert (engine.counters.cancelled, engine.counters.finished) == (1, 2)
 
 
+def test_a_step_that_fails_fails_the_requests_it_was_admitting(tiny_llama) -> None:
+    """Requests popped off the queue for a step are not live until the step adds them: a step failing before
+    that (here releasing a cancelled stream, as a device error would) left them pending forever."""
+    decoder = Decoder(ModelRunner(tiny_llama()))
+    engine = ContinuousEngine(decoder)
+    keep, broken = decoder.prefix_cache.keep, threading.Event()
+
+    def failing_keep(*args, **kwargs):
+        if broken.is_set():
+            raise RuntimeError("device error while releasing")
+        return keep(*args, **kwargs)
+
+    decoder.prefix_cache.keep = failing_keep
+    stepping, go = threading.Event(), threading.Event()
+    try:
+        running = engine.submit(
+            [3, 4, 5, 6], DecodeConfig(max_new_tokens=100), 0, listener=lambda ids: (stepping.set(), go.wait(10))
+        )
+        stepping.wait(10)
+        running.cancel()
+        admitted = engine.submit([7, 8, 9], DecodeConfig(max_new_tokens=4), 1)
+        broken.set()
+        go.set()
+        with pytest.raises(RuntimeError, match="device error while releasing"):
+            admitted.result(timeout=30)
+    finally:
+        engine.close()
+
+
 def test_reprioritize_moves_a_queued_request_ahead(tiny_llama) -> None:
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     order: list[str] = []

@@ -612,3 +612,25 @@ def test_stop_strings_are_checked() -> None:
         with pytest.raises(ValueError, match="non-empty strings"):
             make()
     assert DecodeConfig(stop=("\n\n",)).stop == ("\n\n",)
+
+
+def test_a_failed_shared_header_forward_leaks_no_slots(target, monkeypatch) -> None:
+    """The stream forked for a header all prompts share ran before the guarded part: its forward failing left
+    its forked slots held by nobody, for the runner's life."""
+    runner = ModelRunner(target)
+    decoder = Decoder(runner)
+    header = [10 + (i % 50) for i in range(40)]
+    decoder.generate([header[:18] + [5]], DecodeConfig(max_new_tokens=2))  # 18 header tokens now cached
+    forward, calls = runner.forward, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory in the shared header's forward")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "forward", failing_once)
+    with pytest.raises(RuntimeError, match="shared header"):
+        decoder.generate([header + [40, 41], header + [50, 51]], DecodeConfig(max_new_tokens=4))
+    decoder.prefix_cache.clear()
+    assert int((runner.cache.refcount > 0).sum()) == 0

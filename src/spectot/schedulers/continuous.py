@@ -149,6 +149,7 @@ class ContinuousEngine:
         with self.decoder.session([], DecodeConfig()) as session:
             live: dict[int, _Request] = {}  # stream key -> its request
             streams: dict[int, object] = {}
+            admitted: list[_Request] | None = []  # popped off the queue, not live yet until _execute adds them
             try:
                 while True:
                     admitted = self._schedule(live)
@@ -160,7 +161,7 @@ class ContinuousEngine:
                 with self._wake:  # under the lock: a request submitted from now on is refused, none is stranded
                     self._failure = error
                     waiting = self._drain()
-                for request in [*live.values(), *waiting]:
+                for request in [*live.values(), *(admitted or []), *waiting]:  # _fail leaves resolved ones alone
                     _fail(request.future, error)
                 session.close(keep=False)  # nothing of a failed step goes to the shared prefix cache
 

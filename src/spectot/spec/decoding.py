@@ -352,12 +352,16 @@ class DecodeSession:
         base = None
         if shared - self.prefix_cache.longest(prompts[0][:shared], layer)[1] >= MIN_SHARED_PREFIX:
             base = self.prefix_cache.fork(prompts[0][:shared], layer)
-            out = self.runner.forward(
-                [StreamTree(base.sid, TokenTree.chain(prompts[0][base.length : shared]))],
-                last_only=True,
-                hidden_layer=layer,
-            )
-            self.runner.commit_all()
+            try:
+                out = self.runner.forward(
+                    [StreamTree(base.sid, TokenTree.chain(prompts[0][base.length : shared]))],
+                    last_only=True,
+                    hidden_layer=layer,
+                )
+                self.runner.commit_all()
+            except BaseException:  # the shared prefix is nobody's yet: release it, or its slots leak
+                self.runner.release(base.sid)
+                raise
             self.batch.target_forwards += 1
             self.prefilled_tokens += shared - base.length
             self.cached_tokens += base.length
