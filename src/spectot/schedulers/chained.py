@@ -39,7 +39,7 @@ class ChainedRun:
     then: list[StreamResult]  # each one's follow-up, in the same order
     first_seconds: float  # until the last first-stage stream ended
     seconds: float  # until everything ended
-    first_forwards: int  # target forwards until then
+    first_forwards: int  # engine steps until then (engine-wide: other callers' streams share them)
     forwards: int
 
 

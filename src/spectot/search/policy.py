@@ -26,7 +26,9 @@ class ComponentStats:
     streams: int = 0
     new_tokens: int = 0
     verify_steps: int = 0  # per-stream target verifications (the prefill's first token not counted)
-    target_forwards: int = 0  # forwards of the target (a batched forward counts once)
+    # forwards of the target (a batched forward counts once; a continuous engine's: every step it ran while the
+    # level did, steps it shared with other queries in flight included, prefill forwards not)
+    target_forwards: int = 0
     proposed: int = 0
     accepted: int = 0
     seconds: float = 0.0
