@@ -68,3 +68,31 @@ def test_a_build_is_announced_only_when_the_module_is_missing_or_older_than_a_so
     assert not _needs_build(tmp_path, "spectot_noise")
     os.utime(module, (newest - 60, newest - 60))
     assert _needs_build(tmp_path, "spectot_noise")
+
+
+def test_a_new_source_reaches_the_build_command_whatever_its_timestamp(tmp_path: Path, monkeypatch) -> None:
+    """ninja rebuilt on timestamps only: a new source older than the cached build (an archive, cp -p, a checkout)
+    kept the old module loaded. The build command now carries the sources' digest, which ninja compares."""
+    import spectot.engine.kernels as kernels
+
+    (tmp_path / "a.cpp").write_text("int f() { return 1; }")
+    (tmp_path / "v.h").write_text("#define X 1")
+    (tmp_path / "notes.txt").write_text("not a source")
+    before = kernels._sources_digest(tmp_path)
+    stamp = (tmp_path / "a.cpp").stat().st_mtime
+    (tmp_path / "a.cpp").write_text("int f() { return 2; }")
+    os.utime(tmp_path / "a.cpp", (stamp, stamp))
+    kernels._sources_digest.cache_clear()
+    after = kernels._sources_digest(tmp_path)
+    assert after != before
+    (tmp_path / "notes.txt").write_text("edited")  # not a source
+    kernels._sources_digest.cache_clear()
+    assert kernels._sources_digest(tmp_path) == after
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: seen.append(kwargs["extra_cflags"]))
+    monkeypatch.setattr(kernels, "spectot_home", lambda: tmp_path / "home")
+    if kernels._build_avx2("noise", "torch's ops") is None and not seen:
+        pytest.skip("no AVX2 build on this machine")
+    kernels._sources_digest.cache_clear()
+    assert f"-DSPECTOT_SOURCES={kernels._sources_digest()}" in seen[0]

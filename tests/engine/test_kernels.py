@@ -413,3 +413,65 @@ def test_tree_attention_rejects_bad_input(attention, change: dict, message: str)
     args.update(change)
     with pytest.raises(RuntimeError, match=message):
         attention(args["q"], args["kv"], args["columns"], args["row_ptr"], 0.25)
+
+
+def test_the_native_kernels_refuse_inputs_they_would_misread(tiny_model) -> None:
+    """Each of these read or wrote out of bounds (AddressSanitizer), divided by zero or read past a bias: a
+    layer of other widths than the first (the workspace is sized by it), a row pointer past the tails, no
+    candidates per row, a short bias, an empty last dimension."""
+    from spectot.engine.kernels import decoder_ops, decoder_stack
+
+    stack_module, ops = decoder_stack(), decoder_ops()
+    if stack_module is None or ops is None:
+        pytest.skip("the native layer loop did not build here")
+    pack, hidden = module.pack, 16
+    norm = torch.ones(hidden).bfloat16()
+
+    def weight(out: int, inp: int):
+        return pack(torch.randn(out, inp).bfloat16())
+
+    def add(stack, inner: int) -> None:
+        stack.add_layer(
+            *(norm, 1e-5, weight(32, hidden), None, 32, weight(hidden, 16), None, hidden, 0.35, norm, 1e-5),
+            *(weight(2 * inner, hidden), None, 2 * inner, weight(hidden, inner), None, hidden),
+        )
+
+    stack = stack_module.DecoderStack(2, 1)  # 2 query heads, 1 key-value head, 8 wide
+    add(stack, 8)
+    with pytest.raises(RuntimeError, match="the first layer's widths"):
+        add(stack, 256)
+    with pytest.raises(RuntimeError, match="one entry per output feature"):
+        module.linear(torch.randn(2, hidden).bfloat16(), weight(64, hidden), torch.zeros(3), 64, 1)
+    with pytest.raises(RuntimeError, match="at least 1"):
+        ops.rms_norm(torch.empty(3, 0).bfloat16(), torch.empty(0).bfloat16(), 1e-5)
+    with pytest.raises(RuntimeError, match="even and positive"):
+        ops.silu_mul(torch.empty(3, 0).bfloat16())
+
+    # a draft tree's rows: the runner's own call, then the same with a bad row pointer or k = 0
+    model = tiny_model.__wrapped__("llama", 1).to(torch.bfloat16)
+    runner = ModelRunner(model, kernels="spectot")
+    if runner._stack is None:
+        pytest.skip("the native layer loop did not build here")
+    calls: list[tuple] = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def rows(self, *args):
+            calls.append(args)
+            return real.rows(*args)
+
+    real, runner._stack = runner._stack, Recording()
+    sid, scratch = runner.new_stream(), runner.new_stream()
+    runner.forward([StreamTree(sid, TokenTree.chain([5, 9, 2, 31, 7]))])
+    runner.commit_all()
+    runner.draft_rows(sid, scratch, torch.tensor([3, 4]), [1, 1], [[], []], 2)
+    args = list(calls[0])
+    args[9] = torch.tensor([0, 1, 4000])  # tail_ptr past the 2 tails
+    with pytest.raises(RuntimeError, match="tail_ptr must run from 0"):
+        real.rows(*args)
+    args = list(calls[0])
+    args[2] = 0  # k
+    with pytest.raises(RuntimeError, match="k must be >= 1"):
+        real.rows(*args)

@@ -75,7 +75,9 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
             return load(
                 name=name,
                 sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa],
+                # the sources' digest in the command line: ninja rebuilds for new sources however old their
+                # timestamps (an archive, cp -p or a checkout can give a new source an mtime before the build's)
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa, f"-DSPECTOT_SOURCES={_sources_digest()}"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
                 verbose=False,
@@ -83,6 +85,17 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
     except Exception as err:  # a missing compiler or ninja must not stop decoding
         logger.warning("could not build the %s kernel (%s); using %s", source, err, fallback)
         return None
+
+
+@cache
+def _sources_digest(folder: Path = Path(__file__).parent) -> str:
+    """16 hex digits of every kernel source in ``folder`` (``.cpp``, ``.h``): a build command names the sources it
+    was made from."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _torch_build_key(version: str, torch_dir: Path) -> str:
@@ -96,7 +109,8 @@ def _torch_build_key(version: str, torch_dir: Path) -> str:
 
 def _needs_build(build: Path, name: str) -> bool:
     """Whether torch's builder will compile: no module in ``build`` yet, or one older than a kernel source (the
-    cheap part of ninja's test; a rebuild for a changed command line alone goes unannounced)."""
+    cheap part of ninja's test; a rebuild for a changed command line, new sources with old timestamps among them,
+    goes unannounced)."""
     module = build / (name + (".pyd" if os.name == "nt" else ".so"))
     if not module.exists():
         return True

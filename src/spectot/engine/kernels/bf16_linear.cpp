@@ -463,6 +463,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   auto y = torch::empty({x2.size(0), N}, x.options());
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) b = bias->to(torch::kFloat32).contiguous();
+  TORCH_CHECK(!b.defined() || b.numel() == N, "a bias needs one entry per output feature");
   linear_rows(reinterpret_cast<const uint16_t*>(x2.data_ptr<at::BFloat16>()), x2.size(0), K, packed,
               b.defined() ? b.data_ptr<float>() : nullptr, N, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
               amx_rows);

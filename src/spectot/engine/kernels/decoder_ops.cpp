@@ -76,7 +76,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   check_bf16(x, "x");
   check_bf16(weight, "weight");
   const int64_t H = weight.numel();
-  TORCH_CHECK(x.size(-1) == H, "x's last dimension must equal the weight's size");
+  TORCH_CHECK(H > 0 && x.size(-1) == H, "x's last dimension must equal the weight's size, at least 1");
   auto y = torch::empty_like(x);
   rms_norm_rows(bits(x), x.numel() / H, H, bits(weight), eps, bits_mut(y));
   return y;
@@ -161,7 +161,7 @@ void silu_mul_rows(const uint16_t* in, int64_t rows, int64_t I, uint16_t* op);
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   check_bf16(gate_up, "gate_up");
   const int64_t I2 = gate_up.size(-1);
-  TORCH_CHECK(I2 % 2 == 0, "gate_up's last dimension must be even (gate then up)");
+  TORCH_CHECK(I2 > 0 && I2 % 2 == 0, "gate_up's last dimension must be even and positive (gate then up)");
   const int64_t I = I2 / 2, rows = gate_up.numel() / I2;
   auto sizes = gate_up.sizes().vec();
   sizes.back() = I;

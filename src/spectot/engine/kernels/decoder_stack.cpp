@@ -104,6 +104,10 @@ class DecoderStack {
     const int64_t H = input_norm.numel(), D = qkv_out / (q_heads_ + 2 * kv_heads_);
     TORCH_CHECK(qkv_out == (q_heads_ + 2 * kv_heads_) * D && o_out == H && down_out == H && gate_up_out % 2 == 0,
                 "layer widths do not fit ", q_heads_, " query and ", kv_heads_, " key-value heads over ", H, " features");
+    // forward sizes one workspace by the first layer: every layer must have its widths
+    TORCH_CHECK(layers_.empty() || (H == layers_[0].input_norm.numel() && qkv_out == layers_[0].qkv.out_features &&
+                                    gate_up_out == layers_[0].gate_up.out_features),
+                "every layer must have the first layer's widths (hidden size, heads' width, intermediate size)");
     layers_.push_back(Layer{input_norm, input_eps, Projection(qkv, qkv_bias, H, qkv_out),
                             Projection(o, o_bias, q_heads_ * D, o_out), scaling, post_norm, post_eps,
                             Projection(gate_up, gate_up_bias, H, gate_up_out),
@@ -198,6 +202,7 @@ class DecoderStack {
                                    const c10::optional<torch::Tensor>& noise) const {
     TORCH_CHECK(!noise.has_value() || !noise->defined() || noise->size(0) == depths, "one noise row per depth");
     TORCH_CHECK(depths >= 1 && x.dim() == 2 && x.size(0) >= 1, "a chain needs input rows and one depth or more");
+    TORCH_CHECK(k >= 1, "k must be >= 1");
     const int64_t n = x.size(0), first = path.size(0), rows = n + depths - 1;
     TORCH_CHECK(first + rows <= cos_table.size(0), "the rotary table does not reach the chain's last position");
     // the slots every row may read, in path order: the stream's, then the chain's own
@@ -245,11 +250,14 @@ class DecoderStack {
                                   const c10::optional<torch::Tensor>& noise) const {
     const int64_t n = x.size(0), first = path.size(0);
     TORCH_CHECK(n >= 1 && positions.size(0) == n && tail_ptr.size(0) == n + 1, "one position and tail per row");
+    TORCH_CHECK(k >= 1, "k must be >= 1");
     TORCH_CHECK(path.scalar_type() == torch::kInt64 && tails.scalar_type() == torch::kInt64 &&
                     tail_ptr.scalar_type() == torch::kInt64 && path.is_contiguous() && tails.is_contiguous() &&
                     tail_ptr.is_contiguous(),
                 "path, tails and tail_ptr must be contiguous int64");
     const int64_t* tp = tail_ptr.data_ptr<int64_t>();
+    TORCH_CHECK(tp[0] == 0 && tp[n] == tails.numel(), "tail_ptr must run from 0 to the number of tails");
+    for (int64_t r = 0; r < n; ++r) TORCH_CHECK(tp[r] <= tp[r + 1], "tail_ptr must not decrease");
     const int64_t* tail = tails.data_ptr<int64_t>();
     const int64_t* old = path.data_ptr<int64_t>();
     std::vector<int64_t> offsets(n + 1, 0), columns;
