@@ -190,6 +190,26 @@ def test_tiled_bf16_tree_rows_equal_the_ar_steps_bit_for_bit(tiny_llama) -> None
         assert torch.equal(step[0], together[i]), f"row {i}"
 
 
+def test_tiled_fp32_tree_rows_equal_the_ar_steps_bit_for_bit(tiny_llama) -> None:
+    """fp32 on torch's matmul rounds a row by how many rows share the forward (MKL: 1, 2-3, 4+ rows differ by
+    ~1e-7, so a near-tie can part sd from ar); --kernels tiled gives every linear one shape, and rows equal."""
+    runner = ModelRunner(tiny_llama(0), kernels="tiled")
+    plain = ModelRunner(tiny_llama(0), kernels="torch")
+    prefix, chain = random_tokens(6, seed=82), random_tokens(5, seed=83)
+    rows_differ = []
+    for r in (runner, plain):
+        sid = prefill(r, prefix)
+        together = r.forward([StreamTree(sid, TokenTree.chain(chain))]).logits[0]
+        r.commit({})
+        steps = []
+        for token in chain:
+            steps.append(r.forward([StreamTree(sid, TokenTree.chain([token]))]).logits[0][0])
+            r.commit_all()
+        rows_differ.append([i for i, step in enumerate(steps) if not torch.equal(step, together[i])])
+    assert rows_differ[0] == [], rows_differ  # (torch's differ here: MKL's GEMV and GEMM)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(steps, together))  # torch's: equal to rounding
+
+
 def build_three_streams(runner: ModelRunner) -> dict[str, tuple[int, list[int]]]:
     """A: 5 tokens; B: 8 other tokens; C: a fork of A with 2 more tokens (shares A's 5 slots)."""
     a_ids, b_ids, c_extra = random_tokens(5, seed=50), random_tokens(8, seed=51), random_tokens(2, seed=52)
