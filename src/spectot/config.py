@@ -153,8 +153,9 @@ class ModelOptions:
         **opt(
             "bf16 kernels on the CPU: 'auto' uses spectot's batch-invariant matmul (AVX2, AVX512-BF16 or AMX "
             "tiles, whichever the CPU has) and fused layer ops where they build, 'spectot' always, 'torch' never; "
-            "'tiled': torch's matmul on fixed 64-row tiles: batch-invariant fp32 (torch's own rounds a row by how "
-            "many share the forward; ~2x slower measured on SmolLM2 here) and bf16 on a GPU (not yet measured there). "
+            "'tiled': torch's matmul on fixed row tiles (8 on a CPU, 64 on a GPU): bit-exact fp32 (torch's own "
+            "rounds a row by how many share the forward; 1.6-1.9x the time on SmolLM2 here) and batch-invariant "
+            "bf16 on a GPU (not yet measured there). "
             "Attention and sampling keep spectot's native batch-invariant kernels under every choice where they "
             "build: they make batched verification exact"
         ),

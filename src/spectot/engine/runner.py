@@ -108,20 +108,23 @@ class TorchMatmul:
 
 
 class TiledMatmul(TorchMatmul):
-    """torch's ``F.linear`` on tiles of exactly ROW_TILE rows (the last one zero-padded), so a row's result
+    """torch's ``F.linear`` on tiles of exactly ``row_tile`` rows (the last one zero-padded), so a row's result
     cannot depend on how many rows share its forward: the library picks its kernel (tiling, reduction
-    order) by the matrix shapes, and here every call on a weight has one shape. That makes bf16 on a GPU
-    batch-invariant as spectot's CPU kernel is (cuBLAS' kernels change with the row count: 4 of 35 EDD runs
-    on an H200 left ar's greedy tokens at a near-tie), for about the price of a row where rows are nearly free.
-    ``--kernels tiled``; not measured on a GPU yet."""
+    order) by the matrix shapes, and here every call on a weight has one shape. That makes fp32 batch-invariant
+    (MKL's GEMV and GEMM round differently) and bf16 on a GPU as spectot's CPU kernel is (cuBLAS' kernels change
+    with the row count: 4 of 35 EDD runs on an H200 left ar's greedy tokens at a near-tie). ``--kernels tiled``:
+    64-row tiles on a GPU, about the price of a row where rows are nearly free (not measured yet); 8-row tiles
+    on a CPU, where fp32 rows are not free (SmolLM2 fp32, 48 tokens of ``ar`` with the prompt's prefill, two runs:
+    2.9-3.1 s on torch's, 4.7-5.8 s on 8-row tiles, 9.2-13.2 s on 64-row ones)."""
 
-    ROW_TILE = 64
+    def __init__(self, row_tile: int = 64) -> None:
+        self.row_tile = row_tile
 
     def __call__(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] == 0:  # e.g. a draft catching up no hidden states
             return torch.nn.functional.linear(x, w.data, w.bias)
-        tile = self.ROW_TILE
+        tile = self.row_tile
         out = []
         for first in range(0, rows.shape[0], tile):
             part = rows[first : first + tile]
@@ -175,7 +178,7 @@ def pick_linear(
     else torch's ``F.linear``. "tiled": torch's on fixed row tiles (``TiledMatmul``), for batch-invariant
     bf16 on a GPU. ``batch_invariant=False`` (a draft): spectot's kernel takes the faster lanes for one row."""
     if choice == "tiled":
-        return TiledMatmul()
+        return TiledMatmul(8 if device.type == "cpu" else 64)
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
         if choice == "spectot":
             raise ValueError("the spectot linear kernel is for bf16 on the CPU; use --kernels torch or --dtype bf16")
