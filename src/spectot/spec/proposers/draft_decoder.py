@@ -209,7 +209,9 @@ class DraftDecoderProposer:
         """Draft one stream's block in native calls (the depth loop below, for a stream whose children are the
         draft's top tokens, the coupled guess first where it has noise): a chain in one (``runner.draft_chain``), a
         tree in one for depth 1 and one a depth after it (``runner.draft_rows``, the nodes' keys and values in a
-        scratch stream). The same forwards and ranks on the same inputs, so the same block; False where the native
+        scratch stream). The same forwards and ranks on the same inputs, so the same block (on a CPU with AMX, a
+        draft's one-row forwards take the lanes and the depth loop may run more rows on the tiles: the two can round
+        apart there, unverified for lack of such a CPU; verification is exact either way); False where the native
         loop is not built or q is filtered (top-k, top-p: the native head ranks softmax(logits / T) only)."""
         if not self.runner.drafts_natively or mode != "top" or params.top_p < 1.0:
             return False
