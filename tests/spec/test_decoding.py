@@ -634,3 +634,20 @@ def test_a_failed_shared_header_forward_leaks_no_slots(target, monkeypatch) -> N
         decoder.generate([header + [40, 41], header + [50, 51]], DecodeConfig(max_new_tokens=4))
     decoder.prefix_cache.clear()
     assert int((runner.cache.refcount > 0).sum()) == 0
+
+
+def test_a_session_is_closed_once(target) -> None:
+    """The continuous engine closes a failed step's session itself, then its ``with`` block closed it again:
+    every draft stream was released twice, the second time keeping its draft KV for a step that failed."""
+    released: list[int] = []
+
+    class Counting(NgramProposer):
+        def release(self, key: int) -> None:
+            released.append(key)
+            super().release(key)
+
+    decoder = Decoder(ModelRunner(target), proposer=Counting())
+    with decoder.session([[5, 9, 2, 7]], DecodeConfig(method="sd", max_new_tokens=4)) as session:
+        session.close(keep=False)
+    assert len(released) == 1
+    assert_caches_empty(decoder)

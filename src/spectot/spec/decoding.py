@@ -218,6 +218,7 @@ class DecodeSession:
         self.decoder, self.runner, self.proposer, self.config = decoder, decoder.runner, decoder.proposer, config
         self.batch = DecodeStats()
         self._t0 = time.perf_counter()
+        self._closed = False
         self._prompts: dict[tuple[int, ...], _PromptEntry] = {}
         # an EDD draft reads the target's hidden states of every token: its entries carry them
         self.prefix_cache = decoder.prefix_cache
@@ -297,7 +298,11 @@ class DecodeSession:
 
     def close(self, keep: bool = True) -> None:
         """Free every stream (their results stay readable); ``keep``: their KV and their prompts' goes
-        to the prefix cache for later calls, else it is released (after an error mid-step)."""
+        to the prefix cache for later calls, else it is released (after an error mid-step). Once: a later call (the
+        ``with`` block's exit after an explicit close) does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self.runner.abort()  # an error mid-step must not leave a forward pending
         for s in self.streams:
             self._free(s, keep)
