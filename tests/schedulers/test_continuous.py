@@ -218,8 +218,11 @@ def test_a_prompt_too_long_fails_alone(tiny_llama) -> None:
         engine.close()
 
 
+@pytest.mark.parametrize("urgent", [0, -1])  # a priority more urgent than 0 is primary work too
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True, temperature=1.0)])
-def test_speculative_prompts_prefilled_in_chunks_beside_primary_steps_decode_exactly(tiny_llama, sampling) -> None:
+def test_speculative_prompts_prefilled_in_chunks_beside_primary_steps_decode_exactly(
+    tiny_llama, sampling, urgent: int
+) -> None:
     """Low-priority requests that arrive while a primary one decodes run their prompts a few tokens per
     forward (fill_rows), and still give exactly the tokens of prefilling at once (fp32, same seeds)."""
     target = tiny_llama()
@@ -229,7 +232,9 @@ def test_speculative_prompts_prefilled_in_chunks_beside_primary_steps_decode_exa
     started = []
     engine = ContinuousEngine(Decoder(ModelRunner(target)), fill_rows=4)
     try:
-        primary = engine.submit(PROMPTS[3], DecodeConfig(max_new_tokens=60, sampling=sampling), 0, started.append)
+        primary = engine.submit(
+            PROMPTS[3], DecodeConfig(max_new_tokens=60, sampling=sampling), 0, started.append, priority=urgent
+        )
         deadline = time.time() + 10
         while not started and time.time() < deadline:
             time.sleep(0.001)

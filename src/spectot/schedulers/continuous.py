@@ -204,7 +204,7 @@ class ContinuousEngine:
             live[s.key], streams[s.key] = request, s
             new.append(s)
         self.counters.admitted += len(new)
-        primary = any(live[k].priority == 0 and s.finish is None and not s.to_fill for k, s in streams.items())
+        primary = any(live[k].priority <= 0 and s.finish is None and not s.to_fill for k, s in streams.items())
         chunked = [s for s in new if self.fill_rows and primary and live[s.key].priority > 0]
         whole = [s for s in new if s not in chunked]
         if chunked:
