@@ -14,7 +14,8 @@
 # Knobs (environment): STAGE_SECONDS / TEST_SECONDS (each stage's timeout), WORKERS (pytest -n), TESTS,
 # KERNELS (--kernels of exact and drafts), EXACT_DTYPE, DRAFT_ROWS / EXACT_ROWS (bench drafts --methods),
 # GSM8K_PROMPTS / CW_PROMPTS (the drafts stage's prompts), IN_FLIGHT, DRAFT_WIDTH and SPEX_FLAGS (more bench spex
-# flags, e.g. "--tree sequoia --tree-budget 32")
+# flags, e.g. "--tree pct" or "--tree sequoia --acceptance src/spectot/models/drafts/smollm2-135m-edd/acceptance.json
+# --tree-budget 32")
 set -u
 stages=${1:?usage: scripts/gpu_bench.sh tests,ops,kernels,exact,drafts,spex [OUT] [DATA] [PROBLEMS]}
 out=${2:-runs/gpu}

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     for cls in (ModelOptions, TrainDraftOptions):
         add_flags(train, cls)
 
-    bench = commands.add_parser("bench", help="benchmarks that write JSON, Markdown and PNG")
+    bench = commands.add_parser("bench", help="benchmarks that write JSON, Markdown and (but tot) PNG plots")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
     bench_gen = bench_commands.add_parser("generate", help="ar / sd vs transformers generate() on GSM8K")
     for cls in (ModelOptions, BenchGenerateOptions):
