@@ -271,3 +271,16 @@ def test_verbose_is_taken_after_the_subcommand_too() -> None:
         True,
     ]
     assert parser.parse_args(["tree", "sequoia", "--acceptance", "0.5", "-v"]).verbose
+
+
+def test_bench_trees_compares_the_trained_drafts_trees_by_default() -> None:
+    """Run bare it was refused: the shared default draft, n-gram, grows no trees."""
+    from spectot.cli.main import build_parser
+    from spectot.config import DraftOptions, check_bench
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "trees"])
+    assert args.draft == "edd"
+    check_bench("trees", DraftOptions(draft=args.draft), None, None)
+    assert parser.parse_args(["bench", "trees", "--draft", "vdm"]).draft == "vdm"
+    assert parser.parse_args(["bench", "tot"]).draft == "ngram"  # the other commands keep theirs

@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for cls in (ModelOptions, DraftOptions, BenchTreesOptions):
         add_flags(bench_trees, cls)
+    bench_trees.set_defaults(draft="edd")  # it compares draft trees: the default n-gram draft grows none
     bench_drafts = bench_commands.add_parser("drafts", help="n-gram / VDM / EDD / EDD + PCT drafts and ablations")
     for cls in (ModelOptions, BenchDraftsOptions):
         add_flags(bench_drafts, cls)
