@@ -1017,19 +1017,11 @@ class BenchTotOptions:
     def engine_names(self, draft: str) -> list[str]:
         """The engines to run with ``--draft draft``, each checked against it (``check_engine_draft``)."""
         if self.engines == "all":
-            return [e for e in get_args(EngineName) if _runs_with(e, draft)]
+            return [e for e in get_args(EngineName) if engine_draft_problem(e, draft) is None]
         engines = [e.strip() for e in self.engines.split(",") if e.strip()]
         for engine in engines:
             check_engine_draft(engine, draft)
         return engines
-
-
-def _runs_with(engine: str, draft: str) -> bool:
-    try:
-        check_engine_draft(engine, draft)
-    except ValueError:
-        return False
-    return True
 
 
 DRAFTLESS_ENGINES = ("ar", "batched-ar", "hf-batched-ar", "continuous-ar")
@@ -1075,19 +1067,28 @@ def check_draft(draft: DraftOptions) -> None:
         )
 
 
-def check_engine_draft(engine: str, draft: str) -> None:
-    """A level engine that drafts needs a draft, and ``mcsd`` one that drafts trees (its k_config): refused before
-    the target loads (``make_engine`` would fail after it, or run ``mcsd`` as chain SD under its name)."""
+def engine_draft_problem(engine: str, draft: str) -> str | None:
+    """Why ``engine`` cannot run with ``--draft draft`` (None: it can): a level engine that drafts needs a draft,
+    and ``mcsd`` one that drafts trees (its k_config)."""
     if engine not in DRAFTLESS_ENGINES and draft == "none":
-        raise ValueError(
+        return (
             f"--engine {engine} drafts: pass --draft ngram, edd, vdm or a draft model, or pick an engine without "
             f"one ({', '.join(DRAFTLESS_ENGINES)})"
         )
     if engine == "mcsd" and draft != "none" and not is_draft_decoder(draft):
-        raise ValueError(
+        return (
             f"--engine mcsd verifies k_config trees of a draft decoder (edd, vdm, a `spectot train-draft` folder); "
             f"--draft {draft} grows none: use --engine sd"
         )
+    return None
+
+
+def check_engine_draft(engine: str, draft: str) -> None:
+    """``engine_draft_problem`` as a ValueError, before the target loads (``make_engine`` would fail after it, or
+    run ``mcsd`` as chain SD under its name)."""
+    problem = engine_draft_problem(engine, draft)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def check_solve(

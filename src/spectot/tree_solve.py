@@ -102,11 +102,10 @@ def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
         tree.k_total,
         tree.lookahead,
         tree.retract,
-        1.0,
-        tree.budget_wakeup,
-        tree.early_stop,
-        tree.min_answers,
-        tree.alpha,
+        wake_up=tree.budget_wakeup,
+        early_stop=tree.early_stop,
+        min_answers=tree.min_answers,
+        alpha=tree.alpha,
     )
 
 

@@ -175,8 +175,8 @@ def pick_linear(
     2-core Zen 5 in session 19, one SmolLM2 forward takes 11-13 ms at 1 row and 13-14 ms at 6 with
     spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40 ms with torch's kernels and ops;
     with AMX, session 27 on a 2-core Xeon: 15-20 ms at 1 row against torch's 36-57, see SpectotMatmul),
-    else torch's ``F.linear``. "tiled": torch's on fixed row tiles (``TiledMatmul``), for batch-invariant
-    bf16 on a GPU. ``batch_invariant=False`` (a draft): spectot's kernel takes the faster lanes for one row."""
+    else torch's ``F.linear``. "tiled": torch's on fixed row tiles (``TiledMatmul``), for bit-exact fp32 and
+    batch-invariant bf16 on a GPU. ``batch_invariant=False`` (a draft): spectot's kernel takes the faster lanes for one row."""
     if choice == "tiled":
         return TiledMatmul(8 if device.type == "cpu" else 64)
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":

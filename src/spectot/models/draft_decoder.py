@@ -138,9 +138,10 @@ def draft_architecture(target_config: dict, num_layers: int) -> dict:
     config = {**target_config, "num_hidden_layers": num_layers}
     if "layer_types" in config:
         config["layer_types"] = ["full_attention"] * num_layers
-    for window in ("sliding_window", "use_sliding_window"):
-        if window in config:
-            config[window] = None if window == "sliding_window" else False
+    if "sliding_window" in config:
+        config["sliding_window"] = None
+    if "use_sliding_window" in config:
+        config["use_sliding_window"] = False
     return config
 
 
@@ -294,7 +295,7 @@ class DraftDecoder(nn.Module):
         from safetensors.torch import load_file
 
         root = Path(directory)
-        config = cls.read_config(root)
+        config = written = cls.read_config(root)
         asked = {"next_token": add_next_token, "current_token": add_current_token}
         new = [name for name, wanted in asked.items() if wanted and not getattr(config, name)]
         if new and config.hidden_layer is None:
@@ -310,7 +311,7 @@ class DraftDecoder(nn.Module):
                 f"{root / 'draft.safetensors'}: cannot read the draft's weights ({type(err).__name__}: {err}); "
                 "is the file complete? Retrain it, or copy it again"
             ) from None
-        if written_for is not None and written_for != config_digest(cls.read_config(root)):
+        if written_for is not None and written_for != config_digest(written):
             raise ValueError(
                 f"{root}: draft.safetensors and draft.json come from two saves (one was cut off between them); "
                 "train again (--resume goes on from the checkpoint)"

@@ -73,7 +73,7 @@ async def reward_balanced_search(
         leaves += finished
         budget -= len(finished)
         frontier = [c for c in children if not c.final]
-        source.retain(lambda k, f=frontier: _under(k, f))
+        source.retain(lambda k, p={c.node for c in frontier}: _below(k, p))
         if stops(stop, task, leaves):
             return result_of(task, problem, leaves, consumed, stopped=True)
         if budget <= 0 or not frontier:
@@ -81,11 +81,6 @@ async def reward_balanced_search(
     if not leaves:  # the depth limit came first: the open states answer as they are (what the task reads in them)
         leaves = [replace(c, answer=task.final_answer(problem, c.state)) for c in frontier if c.state]
     return result_of(task, problem, leaves, consumed, stopped=False)
-
-
-def _under(key: ChildKey, nodes: Sequence[Child]) -> bool:
-    """Whether ``key`` expands one of ``nodes`` or a descendant of one."""
-    return _below(key, {n.node for n in nodes})
 
 
 def _below(key: ChildKey, places: set[Node]) -> bool:

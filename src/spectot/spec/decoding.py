@@ -475,14 +475,14 @@ class DecodeSession:
         accepted: dict[int, list[int]] = {}
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, s)
-            s.stats.record_ranks(_accepted_ranks(st.tree, path))
+            parents = st.tree.parents.tolist()
+            s.stats.record_ranks(_accepted_ranks(parents, path))
             if length is not None:
                 self._observe_length(s, d, path)
-            parents = st.tree.parents.tolist()
             if d.confidence is not None:
                 conf = d.confidence.tolist()  # NaN: no draft confidence (a grafted prompt-lookup branch)
-                tested = [i for i in _tested(parents, path, d.rule is not None) if not math.isnan(conf[i - 1])]
-                s.stats.record_calibration([conf[i - 1] for i in tested], [i in path for i in tested])
+                tested = [v for v in _tested(parents, path, d.rule is not None) if not math.isnan(conf[v - 1])]
+                s.stats.record_calibration([conf[v - 1] for v in tested], [v in path for v in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
             kept = self._emit(s, new, _logprobs(logits, new, path))
             # a stop inside the accepted path ends the stream there: the step counts as a draft cut at the stop
@@ -660,24 +660,19 @@ def _tested(parents: list[int], path: list[int], in_order: bool) -> list[int]:
     """The nodes verification tested: the children of the accepted path's nodes; with ``in_order`` (sampled
     siblings, tried one after another) only those up to the accepted one. Example: parents [-1, 0, 0, 1, 1],
     path [0, 1]: [1, 2, 3, 4]; in order, [1, 3, 4] (node 2 came after the accepted node 1)."""
-    on_path = set(path)
-    tested = []
-    for node in range(1, len(parents)):
-        parent = parents[node]
-        if parent not in on_path:
-            continue
-        at = path.index(parent)
-        if in_order and at + 1 < len(path) and node > path[at + 1]:
-            continue
-        tested.append(node)
-    return tested
+    on_path, accepted = set(path), dict(zip(path, path[1:]))  # a path node -> its accepted child
+    return [
+        v
+        for v in range(1, len(parents))
+        if parents[v] in on_path and not (in_order and v > accepted.get(parents[v], len(parents)))
+    ]
 
 
-def _accepted_ranks(tree: TokenTree, path: list[int]) -> list[int]:
+def _accepted_ranks(parents: list[int], path: list[int]) -> list[int]:
     """At each node of the accepted path that has children: the rank of the accepted child among
     them (children are in draft-rank order), or -1 where all were rejected."""
     children: dict[int, list[int]] = {}
-    for node, parent in enumerate(tree.parents.tolist()[1:], start=1):
+    for node, parent in enumerate(parents[1:], start=1):
         children.setdefault(parent, []).append(node)
     ranks = []
     for i, node in enumerate(path):
