@@ -201,3 +201,41 @@ def test_features_of_another_chat_template_are_not_reused(tiny_checkpoint, tmp_p
     run_train_draft(model, options)
     with pytest.raises(ValueError, match="holds features of another setup"):
         run_train_draft(ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch"), options)
+
+
+def test_features_record_how_they_store_hidden_states(tiny_checkpoint, tmp_path) -> None:
+    """Features from before the storage key held bf16 hidden states whatever the target's dtype: an fp32 target
+    reused them as its own. Such a folder now counts as bf16 (refused for fp32, kept for bf16)."""
+    a = corpus(tmp_path / "a.jsonl", 0, 4)
+    options = TrainDraftOptions(
+        corpus=(a,),
+        out=str(tmp_path / "out"),
+        features=str(tmp_path / "f"),
+        head_vocab=16,
+        layers=1,
+        epochs=1,
+        hidden_layer=-2,
+    )
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    run_train_draft(model, options)
+    [meta_path] = (tmp_path / "f").glob("*/meta.json")
+    meta = json.loads(meta_path.read_text())
+    assert meta["hidden_dtype"] == "float32" and meta["extracted_with"] == {"kernels": "torch", "device": "cpu"}
+    del meta["hidden_dtype"], meta["extracted_with"]  # as a folder from before the key
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="holds features of another setup"):
+        run_train_draft(model, options)
+    bf16 = ModelOptions(target=str(tiny_checkpoint), dtype="bf16", kernels="torch", chat_template=False)
+    meta["dtype"] = "bf16"
+    meta_path.write_text(json.dumps(meta))
+    run_train_draft(bf16, options)  # the old folder's bf16 hidden states are what a bf16 target stores
+
+
+def test_a_max_len_past_the_targets_context_is_refused(tiny_checkpoint, tmp_path) -> None:
+    """A text line cut to --max-len past the context failed partway through feature extraction."""
+    a = corpus(tmp_path / "a.jsonl", 0, 2)
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    options = TrainDraftOptions(corpus=(a,), out=str(tmp_path / "out"), max_len=100_000, hidden_layer=-2, epochs=1)
+    with pytest.raises(ValueError, match=r"--max-len 100000: the target's context holds \d+ tokens"):
+        run_train_draft(model, options)
+    assert not (tmp_path / "out" / "features").exists()

@@ -78,6 +78,8 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         )
     if init_config is None and options.layers > layers:  # before the features: DraftDecoder.initialise refuses it
         raise ValueError(f"--layers {options.layers}: the target has {layers}; a draft is a small part of it")
+    if options.max_len > target.max_context:  # a text line cut to max_len would fail partway through extraction
+        raise ValueError(f"--max-len {options.max_len}: the target's context holds {target.max_context} tokens")
     features = Path(options.features) if options.features else out / "features"
     setup = {
         "target": model.target,
@@ -87,7 +89,9 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         "max_len": options.max_len,
         "chat_template": model.chat_template,  # how question lines are tokenized
         "generations": "whole context",  # features over a generation's prompt and output, not a window cut from it
+        "hidden_dtype": str(target.model.dtype).removeprefix("torch."),  # how the shards store hidden states
     }
+    extracted_with = {"kernels": model.kernels, "device": str(target.model.device)}  # recorded, not compared
     vocab = int(target.model.config.vocab_size)
     corpora = [
         (path, *read_corpus([path], encode_chat, encode_text, options.max_len, vocab, target.max_context))
@@ -105,7 +109,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     for path, file_sequences, _ in corpora:
         folder = features / _features_name(path)
         folders.append(folder.name)
-        _check_features_meta(folder, {**setup, "sequences": len(file_sequences)})
+        _check_features_meta(folder, {**setup, "sequences": len(file_sequences)}, extracted_with)
 
         def progress(stage: str, finished: int, _: int, base: int = done) -> None:
             if report:
@@ -205,15 +209,19 @@ def _features_name(path: str) -> str:
     return f"{Path(path).stem}-{digest}"
 
 
-def _check_features_meta(features: Path, meta: dict) -> None:
+def _check_features_meta(features: Path, meta: dict, extracted_with: dict) -> None:
+    """Reuse a features folder only if it was made with this setup; a new one records the setup, and the kernels
+    and device that extracted it (for the record: they round alike to within bf16, so they do not refuse reuse)."""
     path = features / "meta.json"
     if path.exists():
         old = json.loads(path.read_text())
+        old.pop("extracted_with", None)
+        old.setdefault("hidden_dtype", "bfloat16")  # folders from before the key stored bf16 hidden states
         if old != meta:
             raise ValueError(
                 f"{features} holds features of another setup ({old}); pass a fresh --features folder or delete it"
             )
     else:
         features.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".partial").write_text(json.dumps(meta, indent=1))
+        path.with_suffix(".partial").write_text(json.dumps({**meta, "extracted_with": extracted_with}, indent=1))
         path.with_suffix(".partial").replace(path)  # a kill mid-write leaves no torn meta.json
