@@ -373,7 +373,7 @@ def test_closing_the_engine_fails_the_requests_it_runs(tiny_llama) -> None:
     engine.close()
     with pytest.raises(RuntimeError, match="engine was closed"):
         running.result(timeout=10)
-    assert queued.cancelled()
+    assert queued.cancelled() and engine.counters.cancelled == 1  # the queue drained on close counts
     engine.decoder.prefix_cache.clear()
     assert engine.decoder.runner.cache.used == 0
 
@@ -469,3 +469,27 @@ def test_a_requests_statistics_cover_its_own_time_in_the_engine(tiny_llama) -> N
         assert r.stats.time_total > 0
         assert r.stats.time_verify <= r.stats.time_total
     assert engine.counters.steps == 2 * 7
+
+
+def test_counters_count_chunk_filling_streams_and_a_cancel_in_the_last_step(tiny_llama) -> None:
+    """``max_live`` left out the streams a forward carried to fill their prompts in chunks; a request cancelled
+    while its last step ran (here by its own listener) counted as finished."""
+    engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), fill_rows=4)
+    started = threading.Event()
+    try:
+        primary = engine.submit([3, 4], DecodeConfig(max_new_tokens=200), 0, lambda ids: started.set())
+        assert started.wait(60)
+        one_token = DecodeConfig(max_new_tokens=1)  # done when its prompt is: never a decoding stream
+        engine.submit([(5 * j) % 50 + 3 for j in range(30)], one_token, 1, priority=1).result(timeout=60)
+        box: list = []
+        known = threading.Event()  # the listener runs on the worker, maybe before submit() returns
+        box.append(engine.submit([7, 8, 9], one_token, 2, lambda ids: known.wait(10) and box[0].cancel()))
+        known.set()
+        primary.result(timeout=60)
+        deadline = time.time() + 10
+        while engine.counters.cancelled + engine.counters.finished < 3 and time.time() < deadline:
+            time.sleep(0.001)
+    finally:
+        engine.close()
+    assert engine.counters.max_live == 2
+    assert box[0].cancelled() and (engine.counters.cancelled, engine.counters.finished) == (1, 2)

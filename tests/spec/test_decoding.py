@@ -642,9 +642,9 @@ def test_a_session_is_closed_once(target) -> None:
     released: list[int] = []
 
     class Counting(NgramProposer):
-        def release(self, key: int) -> None:
+        def release(self, key: int, keep: bool = True) -> None:
             released.append(key)
-            super().release(key)
+            super().release(key, keep)
 
     decoder = Decoder(ModelRunner(target), proposer=Counting())
     with decoder.session([[5, 9, 2, 7]], DecodeConfig(method="sd", max_new_tokens=4)) as session:

@@ -779,3 +779,19 @@ def test_sampled_siblings_are_refused_under_a_policy_that_prunes_them(dist_targe
     with pytest.raises(ValueError, match="CAPEPolicy keeps or drops siblings"):
         prop.propose([request], SamplingParams(do_sample=True), torch.Generator().manual_seed(0))
     prop.propose([request], SamplingParams(), None)  # greedy: top children, nothing sampled
+
+
+def test_a_failed_steps_draft_kv_is_not_kept(target, drafts) -> None:
+    """A session closed after an error freed its target KV but gave its streams' draft KV to the draft's prefix
+    cache, for later prompts to fork."""
+    prop = proposer(drafts["edd"])
+    decoder = Decoder(ModelRunner(target), proposer=prop)
+    prompt = [3 + i % 50 for i in range(40)]
+    with decoder.session([prompt], DecodeConfig(method="sd", max_new_tokens=8)) as session:
+        session.prefill(session.streams)
+        session.propose(session.streams)  # the draft has prompt KV now
+        assert prop._streams
+        session.close(keep=False)
+    assert len(prop.prefixes) == 0 and prop.runner.cache.used == 0
+    decoder.generate([prompt], DecodeConfig(method="sd", max_new_tokens=8))  # a step that ends well keeps it
+    assert len(prop.prefixes) == 1

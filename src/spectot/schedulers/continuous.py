@@ -59,7 +59,7 @@ class EngineCounters:
     admitted: int = 0
     finished: int = 0
     cancelled: int = 0  # requests their callers gave up, queued or running
-    max_live: int = 0  # the most streams one forward carried
+    max_live: int = 0  # the most streams one forward carried (decoding, or filling a prompt in chunks)
     prompt_tokens: int = 0  # of admitted requests
     prompt_tokens_cached: int = 0  # of those, forked from the prefix cache
     prompt_tokens_prefilled: int = 0  # run through the target (the rest: cached, or a live request's same prompt)
@@ -173,6 +173,7 @@ class ContinuousEngine:
             if self._closed:  # queued requests are cancelled, running ones fail: nobody waits on a closed engine
                 for request in self._drain():
                     request.future.cancel()
+                    self.counters.cancelled += 1
                 for request in live.values():
                     _fail(request.future, RuntimeError("the engine was closed while the request ran"))
                 return None
@@ -220,7 +221,6 @@ class ContinuousEngine:
         waiting = [s for s in streams.values() if s.to_fill]
         if not active and not waiting:
             return
-        self.counters.max_live = max(self.counters.max_live, len(active))
         before = {s.key: len(s.generated) for s in active + waiting}
         drafts = self._propose(session, active, live)
         free = self.fill_rows - sum(1 + d.tokens.numel() for d in drafts)  # rows left beside the primary steps
@@ -235,6 +235,7 @@ class ContinuousEngine:
             free -= take
         session.verify(active, drafts, filling)
         self.counters.steps += 1
+        self.counters.max_live = max(self.counters.max_live, len(active) + len(filling))
         self.counters.prompt_tokens_prefilled = session.prefilled_tokens
         done_filling = [s for s, _ in filling if not s.to_fill]
         self._update(session, live, streams, active + done_filling, before)
@@ -270,11 +271,11 @@ class ContinuousEngine:
             if s.finish is not None:
                 result = session.result(s)
                 _forget(session, live, streams, s.key)
-                self.counters.finished += 1
                 try:
                     request.future.set_result(result)
+                    self.counters.finished += 1
                 except InvalidStateError:  # cancelled while its last step ran
-                    pass
+                    self.counters.cancelled += 1
 
 
 def _forget(session, live: dict[int, _Request], streams: dict[int, object], key: int) -> None:

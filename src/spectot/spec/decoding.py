@@ -281,7 +281,7 @@ class DecodeSession:
                 if entry.users == 0:
                     self._free_prompt(tuple(s.prompt), keep)
         if self.proposer is not None:
-            self.proposer.release(s.key)
+            self.proposer.release(s.key, keep)
 
     def _free_prompt(self, prompt: tuple[int, ...], keep: bool) -> None:
         entry = self._prompts.pop(prompt)

@@ -96,8 +96,9 @@ class Proposer(Protocol):
         self, requests: Sequence[DraftRequest], params: SamplingParams, generator: torch.Generator | None
     ) -> list[Draft]: ...
 
-    def release(self, key: int) -> None:
-        """The stream is finished: drop any state kept for it."""
+    def release(self, key: int, keep: bool = True) -> None:
+        """The stream is finished: drop any state kept for it (``keep``: a draft cache may keep it for later
+        prompts; not after a failed step)."""
 
 
 def drafts_chains(proposer: Proposer | None) -> bool:

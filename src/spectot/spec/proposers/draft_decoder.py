@@ -504,11 +504,16 @@ class DraftDecoderProposer:
     def _room(self, r: DraftRequest) -> int:
         return self.runner.max_context - r.tokens.numel()
 
-    def release(self, key: int) -> None:
-        """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room)."""
+    def release(self, key: int, keep: bool = True) -> None:
+        """The stream is done: its draft KV goes to the prefix cache (which frees it when it needs the room), or
+        is freed (``keep=False``: a failed step's)."""
         self._unread.pop(key, None)
         if key in self._streams:
-            self.prefixes.keep(self._streams.pop(key), self._committed.pop(key).tolist())
+            sid, committed = self._streams.pop(key), self._committed.pop(key)
+            if keep:
+                self.prefixes.keep(sid, committed.tolist())
+            else:
+                self.runner.release(sid)
 
 
 def _is_chain(policy: TreePolicy) -> bool:

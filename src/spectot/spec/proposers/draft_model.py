@@ -88,7 +88,7 @@ class DraftModelProposer:
         self._fed[r.key] = self._fed[r.key][:keep]
         return r.tokens[keep:]
 
-    def release(self, key: int) -> None:
+    def release(self, key: int, keep: bool = True) -> None:
         if key in self._streams:
             self.runner.release(self._streams.pop(key))
             del self._fed[key]

@@ -114,5 +114,5 @@ class NgramProposer:
             drafts.append(Draft(tokens, None, parents) if len(found) > 1 else Draft(tokens, None))
         return drafts
 
-    def release(self, key: int) -> None:
+    def release(self, key: int, keep: bool = True) -> None:
         pass
