@@ -33,6 +33,11 @@ def test_a_broken_line_inside_is_named(tmp_path) -> None:
     path.write_text(path.read_text() + "{oops\n" + path.read_text())
     with pytest.raises(DataError, match=r"records.jsonl:2: not a JSON line"):
         load_records(path, config)
+    other = tmp_path / "other.jsonl"  # --out at a folder whose file is something else: refused, not cut short
+    other.write_bytes(b'oops\n{"a": 1}')
+    with pytest.raises(DataError, match=r"other.jsonl:1: not a JSON line"):
+        load_records(other, config)
+    assert other.read_bytes() == b'oops\n{"a": 1}'
 
 
 def test_records_of_another_configuration_are_left_and_counted(tmp_path, caplog) -> None:

@@ -52,6 +52,12 @@ def test_bench_tot_closes_each_continuous_engine_before_the_next(tiny_checkpoint
         return make_engine(*args, **kwargs)
 
     monkeypatch.setattr(spectot.pipeline, "make_engine", counting)
+    cleared = []  # each unit starts cold: the engine's own decoder (and its draft's caches) cleared, not only the
+    clear = spectot.pipeline.Decoder.clear_prefix_caches  # pipeline's (bench tot passed (engine, method) and
+    #                                                       so always found no decoder of the engine)
+    monkeypatch.setattr(
+        spectot.pipeline.Decoder, "clear_prefix_caches", lambda self: (cleared.append(self), clear(self))
+    )
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     search = SearchOptions(thought_temperature=0.0, depth=2, thoughts=2)
     opts = BenchTotOptions(
@@ -60,6 +66,7 @@ def test_bench_tot_closes_each_continuous_engine_before_the_next(tiny_checkpoint
     result = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
     assert all(r["same_answers_as_ar"] == 2 for r in result["rows"])
     assert alive_at_creation == [0, 0, 0]  # each engine made with none of the earlier ones running
+    assert len({id(d) for d in cleared}) == 3  # the three engines' own decoders, not the pipeline's alone
     assert not any(t.name == "spectot-engine" for t in threading.enumerate())  # nor once the bench returns
 
 

@@ -53,6 +53,26 @@ def test_a_torn_setup_file_is_named(tmp_path) -> None:
     with pytest.raises(DataError, match=r"r\.jsonl\.run\.json: not the setup this job writes"):
         results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)
     assert (tmp_path / "r.jsonl").read_text() == '{"id": "a"}\n'  # nothing lost
+    (tmp_path / "r.jsonl.run.json").write_text('["seed", 1]')  # JSON, but no setup (an AttributeError before)
+    with pytest.raises(DataError, match=r"r\.jsonl\.run\.json: not the setup this job writes \(a JSON list\)"):
+        results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)
+
+
+def test_a_benchmark_refuses_a_file_short_of_what_it_asks_for(tmp_path) -> None:
+    """bench trees / drafts / generate read up to N questions and ran on fewer, labelled as N."""
+    from spectot.tasks.creative_writing import read_inputs
+    from spectot.tasks.registry import load_problems
+
+    path = write(tmp_path, '{"question": "a", "answer": "#### 1"}', '{"question": "b", "answer": "#### 2"}')
+    assert read_field(path, "question", 5) == ["a", "b"]  # a run of the lines there are, where that is asked
+    with pytest.raises(DataError, match=r"data\.jsonl has 2 line\(s\), the run asks for 5"):
+        read_field(path, "question", 5, complete=True)
+    with pytest.raises(DataError, match=r"2 problem\(s\), the run asks for 3"):
+        load_problems("gsm8k", str(path), 3, complete=True)
+    cw = tmp_path / "cw.txt"
+    cw.write_text("One. Two. Three. Four.\n")
+    with pytest.raises(DataError, match=r"cw\.txt has 1 input\(s\) after line 0, the run asks for 2"):
+        read_inputs(cw, 0, 2, complete=True)
 
 
 def test_line_that_is_not_an_object_is_named(tmp_path) -> None:

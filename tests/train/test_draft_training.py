@@ -208,7 +208,8 @@ def test_features_are_the_targets_hidden_states_and_top_k(target, records) -> No
 def test_feature_shards_already_written_are_skipped(target, tmp_path) -> None:
     first = extract_features(ModelRunner(target), SEQUENCES, HIDDEN_LAYER, TOP_K, tmp_path, shard_tokens=40)
     assert len(first) > 1 and all(p.exists() for p in first)
-    first[1].unlink()  # as if the run had stopped while writing shard 1
+    assert len(first) == 3
+    first[2].unlink()  # as if the run had stopped while writing shard 2
 
     class CountingRunner(ModelRunner):
         calls = 0
@@ -217,9 +218,21 @@ def test_feature_shards_already_written_are_skipped(target, tmp_path) -> None:
             CountingRunner.calls += 1
             return super().forward(*args, **kwargs)
 
-    again = extract_features(CountingRunner(target), SEQUENCES, HIDDEN_LAYER, TOP_K, tmp_path, shard_tokens=40)
+    reports: list[int] = []
+    again = extract_features(
+        CountingRunner(target),
+        SEQUENCES,
+        HIDDEN_LAYER,
+        TOP_K,
+        tmp_path,
+        shard_tokens=40,
+        report=lambda stage, done, total: reports.append(done),
+    )
     assert again == first
-    rerun = torch.load(first[1])
+    # the skipped shards 0 and 1 in one jump before shard 2 runs (skipped ones reported back to back were read as
+    # the speed of extraction: a resumed run's ETA came out a fraction of the time left)
+    assert reports == [sum(len(r["tokens"]) for path in again[:2] for r in torch.load(path)), sum(map(len, SEQUENCES))]
+    rerun = torch.load(first[2])
     assert CountingRunner.calls == len(rerun)  # only the missing shard's sequences ran again
     assert [r["tokens"].tolist() for r in load_shards(again)] == SEQUENCES
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from spectot.bench.progress import progress_bar
+from spectot.bench.progress import progress_bar, pyplot
 from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.bench.trees import profile_costs
 from spectot.config import BenchDraftsOptions, DraftOptions, ModelOptions
@@ -42,8 +42,12 @@ def run_bench_drafts(model_opts: ModelOptions, opts: BenchDraftsOptions) -> dict
     if model_opts.threads:
         torch.set_num_threads(model_opts.threads)
     wanted = opts.gsm8k_offset + opts.gsm8k_prompts  # the data is read before the model loads: a bad line costs seconds
-    questions = read_field(opts.gsm8k, "question", wanted)[opts.gsm8k_offset :] if opts.gsm8k_prompts else []
-    inputs = read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts) if opts.cw_prompts else []
+    questions = (
+        read_field(opts.gsm8k, "question", wanted, complete=True)[opts.gsm8k_offset :] if opts.gsm8k_prompts else []
+    )
+    inputs = (
+        read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts, complete=True) if opts.cw_prompts else []
+    )
     pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
     texts = questions + [cot_prompt(s) for s in inputs]
     prompts = [pipe.encode(t) for t in texts]
@@ -245,13 +249,8 @@ def _markdown(result: dict) -> str:
 
 def _plot_calibration(rows: list[dict], path: Path) -> None:
     """Acceptance rate against draft confidence per bin, one line per trained draft, over all prompts."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib not installed: skipping %s (pip install 'spectot[bench]')", path)
+    plt = pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5, 4.5))
     ax.plot([0, 1], [0, 1], color="#999", linestyle="--", linewidth=1, label="calibrated")

@@ -4,7 +4,7 @@ Methods, all greedy on the same chat-formatted GSM8K questions with the same mod
 transformers ``generate()`` AR, transformers ``generate(prompt_lookup_num_tokens=...)``, spectot
 ``ar`` and spectot ``sd`` with the n-gram draft. Every method gets one untimed warm-up generation.
 Also measures the target's t(n) curve (one forward over n new tokens after a 128-token prefix,
-relative to n = 1), saved for tree sizing. Writes results.json, results.md and results.png.
+relative to n = 1), in results.json. Writes results.json, results.md and results.png.
 Per-prompt records are appended to ``records.jsonl`` as they finish, so an interrupted run resumes.
 """
 
@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 
-from spectot.bench.progress import progress_bar
+from spectot.bench.progress import progress_bar, pyplot
 from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.config import BenchGenerateOptions, DraftOptions, ModelOptions
 from spectot.data.jsonl import read_field
-from spectot.models.registry import spectot_home
 from spectot.spec.profile import measure_t_curve
 from spectot.pipeline import Pipeline
 from spectot.spec.decoding import DecodeConfig
@@ -39,7 +38,7 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
         torch.set_num_threads(model_opts.threads)
-    questions = read_field(opts.data, "question", opts.num_prompts)
+    questions = read_field(opts.data, "question", opts.num_prompts, complete=True)
     pipe = Pipeline.from_options(model_opts, _no_draft())
     ngram = NgramProposer()
     prompts = [pipe.encode(q) for q in questions]
@@ -100,9 +99,6 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
         "t_curve": curve,
     }
     (out / "results.json").write_text(json.dumps(result, indent=2))
-    profile = spectot_home() / "profiles" / f"{Path(model_opts.target).name}-{model_opts.dtype}.json"
-    profile.parent.mkdir(parents=True, exist_ok=True)
-    profile.write_text(json.dumps({"t_curve": curve, "threads": torch.get_num_threads()}, indent=2))
     (out / "results.md").write_text(_markdown(result))
     _plot(result, out / "results.png")
     return result
@@ -127,8 +123,10 @@ def _summarize(records: dict[tuple[str, int], dict], n_prompts: int) -> dict[str
         }
         if recs[0]["stats"]:
             steps = sum(r["stats"]["verify_steps"] for r in recs)
-            row["mean_acceptance_length"] = (
+            row["mean_acceptance_length"] = (  # no verify step (one token, or EOS at once): nothing accepted
                 sum(r["stats"]["verify_steps"] * r["stats"]["mean_acceptance_length"] for r in recs) / steps
+                if steps
+                else 1.0
             )
             proposed = sum(r["stats"]["proposed"] for r in recs)
             row["acceptance_rate"] = sum(r["stats"]["accepted"] for r in recs) / proposed if proposed else 0.0
@@ -172,13 +170,8 @@ def _markdown(result: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib not installed: skipping %s (pip install 'spectot[bench]')", path)
+    plt = pyplot(path)
+    if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(result["methods"])

@@ -1,8 +1,14 @@
-"""Rich progress bars for long jobs (benchmarks, training)."""
+"""Rich progress bars for long jobs (benchmarks, training), and the plots benchmarks draw."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from types import ModuleType
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+logger = logging.getLogger(__name__)
 
 
 def progress_bar() -> Progress:
@@ -17,3 +23,17 @@ def progress_bar() -> Progress:
         TimeRemainingColumn(),
         speed_estimate_period=3600,
     )
+
+
+def pyplot(path: Path) -> ModuleType | None:
+    """matplotlib's pyplot on a file backend, or None (a warning naming the plot ``path`` skipped) where it is not
+    installed: a benchmark's results are written before its plot, so they never depend on it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib not installed: skipping %s (pip install 'spectot[bench]')", path)
+        return None
+    return plt

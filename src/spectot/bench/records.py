@@ -113,9 +113,6 @@ def load_records(path: Path, config: dict) -> dict[tuple, dict]:
     if not path.exists():
         return {}
     lines, torn = appended_lines(path)
-    if torn:
-        logger.warning("%s: the last record was cut short (the run was killed): it is measured again", path)
-        drop_torn_line(path, torn)
     stored = json.loads(json.dumps(config))  # as written: tuples come back as lists
     records, others = {}, 0
     for number, line in enumerate(lines, start=1):
@@ -130,6 +127,9 @@ def load_records(path: Path, config: dict) -> dict[tuple, dict]:
             records[tuple(rec["key"])] = rec["value"]
         else:
             others += 1  # another configuration's, or an older spectot's format
+    if torn:  # cut only once the file is known to be records: another file named so keeps every byte
+        logger.warning("%s: the last record was cut short (the run was killed): it is measured again", path)
+        drop_torn_line(path, torn)
     if others:
         logger.warning(
             "%s: %d record(s) of another configuration (flags, files, machine or version differ) are not reused",

@@ -64,6 +64,7 @@ def run_bench_spex(
 ) -> dict:
     from spectot.backends.local import LocalEngineBackend
     from spectot.pipeline import Pipeline
+    from spectot.tasks.registry import load_problems
     from spectot.tree_solve import draft_priority, run_tree_solve
 
     sampling = sampling or ThoughtSampling()  # T = 1, no nucleus, greedy evaluations
@@ -82,8 +83,10 @@ def run_bench_spex(
         raise ValueError("the sd variants need a draft: pass --draft ngram (or a trained draft)")
     if tree.early_stop:
         raise ValueError("bench spex asks for early termination per variant: drop --early-stop, add spex+es")
-    pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
     tasks = [(name, path) for name, path in (("gsm8k", opts.gsm8k), ("math500", opts.math500)) if path]
+    for name, path in tasks:  # before the model loads: a file short of --problems ended the run late
+        load_problems(name, path, opts.problems, complete=True)
+    pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
     # a cell's record depends on the questions, model, draft and search settings, not on which cells are asked for
     # (each cell records its task's data file instead: a cell is redone when that file changes)
     selection = ("gsm8k", "math500", "searches", "in_flight", "variants", "remote", "out")

@@ -36,9 +36,12 @@ def run_bench_tot(
 ) -> dict:
     from spectot.pipeline import Pipeline, make_engine, measure_solve_costs, make_proposer
     from spectot.solve import run_solve
+    from spectot.tasks.registry import load_problems
 
     tasks = [t.strip() for t in opts.tasks.split(",") if t.strip()]
     engines = opts.engine_names(draft_opts.draft)  # checked before the model loads, not halfway through the run
+    for task in tasks:  # so is the data: a file short of --problems would end the run at its summary
+        load_problems(task, getattr(opts, task) if task != "math500" else "", opts.problems, complete=True)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
@@ -96,7 +99,7 @@ def run_bench_tot(
             # each timed unit starts cold: the same prefill work for all, the draft's own prefixes too (a trained
             # draft kept its KV of the shared prompt header across an engine's units); every engine's decoder
             # shares the pipeline's target prefix cache
-            (_decoder_of(made[(task, engine)]) or pipe.decoder).clear_prefix_caches()
+            (_decoder_of(made[(task, engine)][0]) or pipe.decoder).clear_prefix_caches()
             run = run_solve(
                 model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)], in_flight=width
             )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from spectot.bench.progress import progress_bar
+from spectot.bench.progress import progress_bar, pyplot
 from spectot.bench.records import append_record, load_records, machine_info, run_identity
 from spectot.config import BenchTreesOptions, DraftOptions, ModelOptions
 from spectot.spec.profile import measure_costs
@@ -63,10 +63,16 @@ def run_bench_trees(model_opts: ModelOptions, draft_opts: DraftOptions, opts: Be
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
         torch.set_num_threads(model_opts.threads)
-    questions = read_field(opts.gsm8k, "question", opts.gsm8k_prompts + opts.measure_prompts)  # before the model
+    questions = read_field(
+        opts.gsm8k, "question", opts.gsm8k_prompts + opts.measure_prompts, complete=True
+    )  # before the model
     texts = questions[: opts.gsm8k_prompts] + [
         cot_prompt(s)
-        for s in (read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts) if opts.cw_prompts else [])
+        for s in (
+            read_inputs(opts.creative_writing, opts.cw_offset, opts.cw_prompts, complete=True)
+            if opts.cw_prompts
+            else []
+        )
     ]
     pipe = Pipeline.from_options(model_opts, DraftOptions(draft="none"))
     prompts = [pipe.encode(t) for t in texts]
@@ -273,11 +279,9 @@ def _markdown(result: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(path)
+    if plt is None:
+        return
     rows = [r for r in result["rows"] if r["prompts"] == "all" and r["method"] not in ("ar", "ngram_chain")]
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4.5), squeeze=False)

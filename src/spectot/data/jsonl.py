@@ -62,8 +62,9 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, obj
 
 
-def read_field(path: str | Path, field: str, limit: int = 0) -> list[str]:
-    """The string ``field`` of each line (the first ``limit`` lines if limit > 0)."""
+def read_field(path: str | Path, field: str, limit: int = 0, complete: bool = False) -> list[str]:
+    """The string ``field`` of each line (the first ``limit`` lines if limit > 0); ``complete``: a file of fewer
+    than ``limit`` lines is a DataError (a benchmark asked for that many), not a shorter run."""
     values = []
     for number, obj in iter_jsonl(path):
         if field not in obj or not isinstance(obj[field], str):
@@ -71,6 +72,8 @@ def read_field(path: str | Path, field: str, limit: int = 0) -> list[str]:
         values.append(obj[field])
         if limit and len(values) == limit:
             break
+    if complete and len(values) < limit:
+        raise DataError(f"{path} has {len(values)} line(s), the run asks for {limit}")
     return values
 
 
@@ -130,6 +133,10 @@ def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict
             before = json.loads(kept.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise DataError(f"{kept}: not the setup this job writes ({err}); resume into another file") from None
+        if not isinstance(before, dict):
+            raise DataError(
+                f"{kept}: not the setup this job writes (a JSON {type(before).__name__}); resume into another file"
+            )
         differ = sorted(k for k in stored.keys() | before.keys() if stored.get(k) != before.get(k))
         if differ:
             raise DataError(

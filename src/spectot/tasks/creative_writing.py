@@ -25,9 +25,13 @@ COT_PROMPT = (
 logger = logging.getLogger(__name__)
 
 
-def read_inputs(path: str | Path, offset: int = 0, limit: int = 0) -> list[str]:
-    """Lines ``offset + 1``, ``offset + 2``, ... (``limit`` non-blank ones, 0 = all) of a ToT text file."""
-    return [line for _, line in read_numbered_inputs(path, offset, limit)]
+def read_inputs(path: str | Path, offset: int = 0, limit: int = 0, complete: bool = False) -> list[str]:
+    """Lines ``offset + 1``, ``offset + 2``, ... (``limit`` non-blank ones, 0 = all) of a ToT text file;
+    ``complete``: fewer than ``limit`` is a DataError (a benchmark asked for that many)."""
+    picked = [line for _, line in read_numbered_inputs(path, offset, limit)]
+    if complete and len(picked) < limit:
+        raise DataError(f"{path} has {len(picked)} input(s) after line {offset}, the run asks for {limit}")
+    return picked
 
 
 def read_numbered_inputs(path: str | Path, offset: int = 0, limit: int = 0) -> list[tuple[int, str]]:

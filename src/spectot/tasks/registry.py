@@ -83,8 +83,11 @@ def make_task(name: TaskName, depth: int = 0, prompt_pool: str = "") -> Task:
     raise ValueError(f"unknown task '{name}': choose gsm8k, creative_writing, blocksworld or math500")
 
 
-def load_problems(name: TaskName, path: str = "", limit: int = 0, offset: int = 0, seed: int = 0) -> list[Problem]:
-    """Problems ``offset .. offset + limit`` (limit 0 = all) of a data file, or of the built-in examples."""
+def load_problems(
+    name: TaskName, path: str = "", limit: int = 0, offset: int = 0, seed: int = 0, complete: bool = False
+) -> list[Problem]:
+    """Problems ``offset .. offset + limit`` (limit 0 = all) of a data file, or of the built-in examples;
+    ``complete``: fewer than ``limit`` is a DataError (a benchmark asked for that many), not a shorter run."""
     if not path:
         problems = builtin_problems(name, offset + (limit or 6), seed)
     elif name == "gsm8k":
@@ -106,6 +109,10 @@ def load_problems(name: TaskName, path: str = "", limit: int = 0, offset: int = 
     picked = problems[offset : offset + limit if limit else None]
     if not picked:  # an empty file or an offset past its end: nothing would run, and nothing would say so
         raise DataError(f"{path or f'the built-in {name} examples'}: no problems from offset {offset}")
+    if complete and len(picked) < limit:
+        raise DataError(
+            f"{path or f'the built-in {name} examples'}: {len(picked)} problem(s), the run asks for {limit}"
+        )
     return picked
 
 

@@ -167,11 +167,14 @@ def extract_features(
             shards.append(current)
             current, size = [], 0
     total = sum(len(s) for s in sequences)
-    done, paths = 0, []
+    done, reported, paths = 0, 0, []
     for index, members in enumerate(shards):
         path = out / f"shard_{index:04d}.pt"
         paths.append(path)
-        if not path.exists():
+        computed = not path.exists()
+        if computed:
+            if report and done > reported:  # the shards already there, in one jump (a speed estimate ignores it)
+                report("features", done, total)
             records = []
             for i in members:
                 stream = runner.new_stream()
@@ -201,8 +204,9 @@ def extract_features(
             torch.save(records, tmp)
             tmp.rename(path)  # a shard is either complete or absent
         done += sum(len(sequences[i]) for i in members)
-        if report:
+        if report and (computed or index == len(shards) - 1):
             report("features", done, total)
+            reported = done
     return paths
 
 
