@@ -18,7 +18,12 @@ GSM8K = Path(__file__).parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.mark.skipif(not GSM8K.exists(), reason="needs ../shared/data/gsm8k/test.jsonl")
-def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp_path) -> None:
+def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp_path, monkeypatch) -> None:
+    import spectot.pipeline
+
+    built = []  # the sd variants' adaptive draft length: one fresh per chunk, from costs recorded once (it was timed
+    make = spectot.pipeline.adaptive_draft_length  # by each process and learnt across chunks and variants)
+    monkeypatch.setattr(spectot.pipeline, "adaptive_draft_length", lambda *a: built.append(make(*a)) or built[-1])
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
     opts = BenchSpexOptions(
         gsm8k=str(GSM8K),
@@ -54,7 +59,11 @@ def test_bench_spex_runs_resumes_and_checks_the_remote_path(tiny_checkpoint, tmp
     assert keys == [[v, 0] for v in ("plain", "spex", "sd", "spex+es")] + [
         [v, 2] for v in ("spex", "sd", "spex+es", "plain")
     ]
-    first_chunk = json.loads(lines[0])["value"]["queries"]
+    assert (
+        len(built) == len({id(b) for b in built}) == 8
+        and [json.loads(line)["key"] for line in lines].count(["costs"]) == 1
+    )
+    first_chunk = json.loads(lines[1])["value"]["queries"]
     assert all(len(q["result"]["tree"]) == q["expansions"] for q in first_chunk)  # kept for the replayed ceiling
     again = run_bench_spex(model, DraftOptions(draft="ngram"), tree, opts)  # everything from the records
     assert (tmp_path / "records.jsonl").read_text().splitlines() == lines

@@ -63,7 +63,8 @@ def run_bench_spex(
     sampling: ThoughtSampling | None = None,
 ) -> dict:
     from spectot.backends.local import LocalEngineBackend
-    from spectot.pipeline import Pipeline
+    from spectot.pipeline import Pipeline, adaptive_draft_length, measure_solve_costs
+    from spectot.spec.proposers.base import drafts_chains
     from spectot.tasks.registry import load_problems
     from spectot.tree_solve import draft_priority, run_tree_solve
 
@@ -86,13 +87,20 @@ def run_bench_spex(
     tasks = [(name, path) for name, path in (("gsm8k", opts.gsm8k), ("math500", opts.math500)) if path]
     for name, path in tasks:  # before the model loads: a file short of --problems ended the run late
         load_problems(name, path, opts.problems, complete=True)
-    pipe = Pipeline.from_options(model, draft if needs_draft else DraftOptions(draft="none"))
+    # the adaptive draft length is built per chunk below, from costs recorded once: Pipeline's own would be timed
+    # afresh by every process (a resumed run's sd chunks ran under other k estimates) and learn across chunks
+    pipe = Pipeline.from_options(model, replace(draft, adaptive_k=False) if needs_draft else DraftOptions(draft="none"))
+    adaptive = needs_draft and draft.adaptive_k and drafts_chains(pipe.proposer)
     # a cell's record depends on the questions, model, draft and search settings, not on which cells are asked for
     # (each cell records its task's data file instead: a cell is redone when that file changes)
     selection = ("gsm8k", "math500", "searches", "in_flight", "variants", "remote", "out")
     config_key = {k: v for k, v in asdict(opts).items() if k not in selection}
     config_key = run_identity(config_key | {**asdict(model), **asdict(draft), **asdict(tree), **asdict(sampling)})
     records = load_records(out / "records.jsonl", config_key)
+    costs = records.get(("costs",))
+    if adaptive and costs is None:
+        costs = measure_solve_costs(pipe, pipe.proposer)
+        append_record(out / "records.jsonl", config_key, ("costs",), costs, records)
 
     k_total = opts.fixed_k_total
     if not k_total:  # read off the engine's throughput curve (minutes on a slow machine: skipped when fixed)
@@ -132,6 +140,8 @@ def run_bench_spex(
             # each chunk starts cold, the draft too (spex+sd found sd's KV of the same questions): the same
             # prefill work for every variant
             pipe.decoder.clear_prefix_caches()
+            if adaptive:  # and no k learnt by the chunk before: each sd chunk starts from the same estimates
+                pipe.decoder.draft_length = adaptive_draft_length(draft, model, costs, pipe.proposer)
             backend = LocalEngineBackend.from_pipeline(
                 pipe,
                 method,
