@@ -104,6 +104,16 @@ def test_extract_boxed(text: str, inside: str | None) -> None:
         ("5 \\text{ m}", "5"),
         ("\\text{East}", "\\text{east}"),
         ("1 and -2", "1,-2"),
+        # equations with the same solutions, a root pair written with \pm, sets in any order (MATH-500's golds)
+        ("5x-7y+11z=-4", "5x - 7y + 11z + 4 = 0"),
+        ("-5x+7y-11z-4=0", "5x - 7y + 11z + 4 = 0"),
+        ("y^2+x^2=1", "x^2+y^2=1"),
+        ("1+\\sqrt{19}, 1-\\sqrt{19}", "1 \\pm \\sqrt{19}"),
+        ("3-2\\sqrt2,3+2\\sqrt2", "3 \\pm 2 \\sqrt{2}"),
+        ("\\frac{1-\\sqrt{5}}{2},\\frac{1+\\sqrt{5}}{2}", "\\frac{1\\pm\\sqrt5}{2}"),
+        ("58,500", "58{,}500"),
+        ("\\{2,1\\}", "\\{1,2\\}"),
+        ("x=1 \\text{ or } x=2", "1,2"),
         # matrices entry by entry, whatever the environment or the entries' spelling
         (
             "\\begin{pmatrix} \\frac{-1}{3} \\\\ \\frac23 \\end{pmatrix}",
@@ -143,6 +153,12 @@ def test_equivalent_pairs(pred: str, gold: str) -> None:
         ("\\pi", "3.14159"),
         ("\\sqrt2", "1.414214"),
         ("\\frac{4}{8}", "\\frac12"),
+        ("x+y=1", "x+y=2"),
+        ("x+y=1", "x-y=1"),
+        ("x+y=1", "x+y"),
+        ("0=0", "1=1"),
+        ("\\{1,2\\}", "\\{1,3\\}"),
+        ("1+\\sqrt{19}", "1 \\pm \\sqrt{19}"),
         # words are not products of letters
         ("\\text{seat}", "\\text{east}"),
         ("no", "on"),
@@ -222,6 +238,9 @@ def test_the_vote_groups_fractions_by_value_whatever_the_leaf_order() -> None:
     for order in (list(weights), ["\\frac{3}{2}", "\\frac{6}{4}", "1.5", "2"]):
         groups = weighted_vote(order, [weights[a] for a in order], task.same_answer)
         assert groups[0].count == 3 and groups[0].weight == pytest.approx(1.5)
+    # 6/4 and \frac64 are the same value too (only braced \frac was reduced: 3/2's weight was split and 7 won)
+    order, weights = ["6/4", "\\frac{3}{2}", "\\frac64", "7"], [0.9, 0.5, 0.5, 1.5]
+    assert weighted_vote(order, weights, task.same_answer)[0].weight == pytest.approx(1.9)
 
 
 def test_prompts_hold_question_and_steps() -> None:

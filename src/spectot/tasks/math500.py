@@ -11,8 +11,9 @@ stripped, ...), then compared element-wise as tuples / intervals, then exactly w
 small LaTeX -> sympy converter written here (``sympy.parsing.latex`` needs antlr, which we do not
 require). As in PRM800K's ``grade_answer``, nothing is equal "up to a tolerance": decimals are read
 as exact rationals (0.3333333 is not 1/3), two integer fractions must be written alike (4/8 is not
-the answer 1/2), and any other pair must satisfy ``simplify(a - b) == 0``. Words compare as strings,
-case-insensitively. sympy is imported lazily; without it only the string comparison runs.
+the answer 1/2), two equations must have the same solutions (L_a - R_a a nonzero constant times L_b - R_b), and
+any other pair must satisfy ``simplify(a - b) == 0``. A ``\pm`` answer lists its two roots; sets (``\{1,2\}``)
+and bare lists compare in any order. Words compare as strings, case-insensitively. sympy is imported lazily; without it only the string comparison runs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ TEXT_UNITS = re.compile(
     r"(?<=\S)\s*\\(?:text|textrm|mbox|mathrm)\s*\{\s[^{}]*\}\s*(?:\^\s*\{?\s*[23]\s*\}?)?\s*\.?\s*$"
 )
 WORD = re.compile(r"[A-Za-z]{2,}")
+PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
 # A matrix or vector: its environment, an optional column spec (array's {cc}), the rows.
 MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array)\}\s*(?:\{[lcr| ]*\})?(.*)\\end\{\1\}", re.DOTALL)
 # The largest exponent sympy may meet, the exponents of nested powers multiplied ((2^{10})^{3} has 30):
@@ -140,7 +142,8 @@ def normalize_answer(answer: str) -> str:
     s = TEXT_UNITS.sub("", s)
     s = re.sub(r"\\(?:text|textbf|textrm|mathrm|mbox|mathbf)\s*\{([^{}]*)\}", r"\1", s)
     s = re.sub(rf"(\d|\}})(?:\s*(?:{UNIT_WORDS}))+(?:\^?\{{?[23]\}}?)?\s*\.?\s*$", r"\1", s)
-    s = re.sub(r",?\s+and\s+", ",", s)  # "1 and -2" lists the same roots as "1,-2"
+    s = re.sub(r",?\s+(?:and|or)\s+", ",", s)  # "1 and -2", "x = 1 or x = 2" list the roots as "1,-2" does
+    s = s.replace("{,}", ",").replace("\\{", "{").replace("\\}", "}")  # 58{,}500; the set \{1,2\} as {1,2}
     s = re.sub(r"_\{\s*(\w+)\s*\}", r"_\1", s)  # base subscripts: 52_{8} is 52_8
     s = re.sub(r"^\s*[a-zA-Z]\s*\\in\s*", "", s)
     s = re.sub(r"\s*\.\s*$", "", s).strip()
@@ -152,6 +155,8 @@ def normalize_answer(answer: str) -> str:
     s = re.sub(r"(^|[^\d])\.(\d)", r"\g<1>0.\2", s)
     s = _fix_a_slash_b(s)
     s = re.sub(r"^\(([A-Ea-e])\)$", r"\1", s)
+    if len(PLUS_MINUS.findall(s)) == 1:  # 1 \pm \sqrt{19}: the two roots, as "1+\sqrt{19},1-\sqrt{19}" lists them
+        s = PLUS_MINUS.sub("+", s) + "," + PLUS_MINUS.sub("-", s)
     return s.lower() if WORD.fullmatch(s) else s  # "East" answers "east"; one letter keeps its case
 
 
@@ -217,7 +222,9 @@ def same_value(a: str, b: str) -> bool:
 
 
 def _reduced_fractions(answer: str) -> str:
-    """Every integer \\frac (\\dfrac, \\tfrac) in lowest terms: '\\frac{6}{4}' -> '\\frac{3}{2}', '\\frac{4}{2}' -> '2'."""
+    """Every integer fraction in lowest terms: '\\frac{6}{4}', '\\dfrac64' and '6/4' -> '\\frac{3}{2}', '\\frac{4}{2}' -> '2'."""
+    answer = _fix_fracs(re.sub(r"\\[dt]frac", r"\\frac", answer))
+    answer = re.sub(r"(?<![\w}])(-?\d+)\s*/\s*(-?\d+)(?![\w{])", r"\\frac{\1}{\2}", answer)
 
     def reduce(match: re.Match) -> str:
         num, den = int(match[1]), int(match[2])
@@ -277,11 +284,11 @@ def _top_level_split(s: str) -> list[str] | None:
 
 
 def _sequences_equal(a: tuple[str, list[str], str], b: tuple[str, list[str], str]) -> bool:
-    """Bracketed sequences match in order with equal brackets; bare lists ("1,-2") in any order."""
+    """Bracketed sequences match in order with equal brackets; bare lists ("1,-2") and sets ({1,2}) in any order."""
     (open_a, items_a, close_a), (open_b, items_b, close_b) = a, b
     if (open_a, close_a) != (open_b, close_b) or len(items_a) != len(items_b):
         return False
-    if open_a:
+    if open_a and open_a != "{":
         return all(is_equiv(x, y) for x, y in zip(items_a, items_b))
     remaining = list(items_b)
     for x in items_a:
@@ -303,6 +310,8 @@ def _symbolically_equal(a: str, b: str) -> bool:
     fractions = _integer_fraction(a), _integer_fraction(b)
     if None not in fractions:
         return fractions[0] == fractions[1]
+    if a.count("=") == 1 and b.count("=") == 1:
+        return _equations_equal(a, b)
     x, y = latex_to_sympy(a), latex_to_sympy(b)
     if x is None or y is None:
         return False
@@ -310,6 +319,21 @@ def _symbolically_equal(a: str, b: str) -> bool:
         if x == y:
             return True
         return _close_everywhere(x, y) and _difference_is_zero(x, y)
+    except (TypeError, ValueError, ArithmeticError):
+        return False
+
+
+def _equations_equal(a: str, b: str) -> bool:
+    """Two equations L_a = R_a and L_b = R_b with the same solutions because L_a - R_a = k (L_b - R_b) for a
+    nonzero constant k: 5x - 7y + 11z = -4 answers 5x - 7y + 11z + 4 = 0, and so does -5x + 7y - 11z - 4 = 0."""
+    import sympy
+
+    sides = [latex_to_sympy(side) for side in (*a.split("="), *b.split("="))]
+    if any(side is None for side in sides):
+        return False
+    try:
+        ratio = sympy.simplify(((sides[0] - sides[1]) / (sides[2] - sides[3])).doit())
+        return bool(ratio.is_number and ratio.is_finite and ratio != 0)
     except (TypeError, ValueError, ArithmeticError):
         return False
 
