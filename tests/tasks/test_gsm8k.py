@@ -86,6 +86,16 @@ def test_incomplete_line_names_its_line(tmp_path: Path, line: str, message: str)
         ("It costs $ 18", "18"),
         ("The temperature is \u22125 degrees", "-5"),
         ("I don't know.", None),
+        # review: a no-break / thin space between thousands, fractions, whole comma groups, an expression after
+        # '=', a step's number
+        ("The answer is $1\u00a0000.", "1000"),
+        ("The answer is 12\u202f500 dollars.", "12500"),
+        ("The answer is 3/4.", "3/4"),
+        ("The answer is 6/3.", "2"),
+        ("The answer is 1/2 + 1/4 = 3/4.", "3/4"),
+        ("answer is 1,2345", "1"),
+        ("The answer is 24 = 4 * 6.", "24"),
+        ("The answer is in step 3: 42", "42"),
     ],
 )
 def test_extract_number(output: str, number: str | None) -> None:
@@ -94,7 +104,14 @@ def test_extract_number(output: str, number: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("a", "b", "equal"),
-    [("18", "18.00", True), ("0.5", ".50", True), ("1000000", "1000001", False), ("0.1", "0.1000001", False)],
+    [
+        ("18", "18.00", True),
+        ("0.5", ".50", True),
+        ("1000000", "1000001", False),
+        ("0.1", "0.1000001", False),
+        ("3/4", "0.75", True),
+        ("1/0", "1", False),
+    ],
 )
 def test_numbers_equal_is_exact(a: str, b: str, equal: bool) -> None:
     assert numbers_equal(a, b) is equal and numbers_equal(b, a) is equal
@@ -178,7 +195,11 @@ def test_final_state_answer_and_grade() -> None:
     done = (*early, "Now we can answer the question: 2 + 3 = 5. The answer is 5.")
     assert task.is_final(problem, done) and task.final_answer(problem, done) == "5"
     full = ("a", "b", "c", "no number in the last step")
-    assert task.is_final(problem, full) and task.final_answer(problem, (*early, "nothing")) == "2"
+    assert task.final_answer(problem, (*early, "nothing")) == "2"  # an open state: the latest number (a fallback)
+    # a finished state answers with its last step: an earlier step's number is a sub-answer, voted and graded
+    assert task.is_final(problem, full) and task.final_answer(problem, ("It is 24.", *full[1:])) == ""
+    stated = (*early, "Now we can answer the question: she has forty-six cookies.")
+    assert task.is_final(problem, stated) and task.final_answer(problem, stated) == ""
     assert task.final_answer(problem, ("nothing",)) == ""
     assert task.grade(problem, "5.0") == 1.0 and task.grade(problem, "6") == 0.0 and task.grade(problem, "") == 0.0
     with pytest.raises(ValueError, match="--depth 1: GSM8K.s search needs >= 2 steps"):

@@ -62,10 +62,16 @@ VALUE_PROMPT = (
     "Rate Step {k}, the latest step. Reply with the number only.\nRating:"
 )
 
-# A number as written in text: "1,234.5", "-3", "−3" (U+2212), "$18", "$ 18", ".5". A minus is a sign
-# only where it cannot be a subtraction: it must touch the number, so the numbers of "16-3" and of
-# "50 - 24" are 16, 3 and 50, 24, never -3 or -24.
-NUMBER = r"(?<![\w.])[-\u2212]?(?:\$\s?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])[-\u2212]?\$?\.\d+"
+# A number as written in text: "1,234.5", "1\u00a0234" (a no-break or thin space between thousands), "-3", "−3"
+# (U+2212), "$18", "$ 18", ".5", "3/4". A minus is a sign only where it cannot be a subtraction: it must touch the
+# number, so the numbers of "16-3" and of "50 - 24" are 16, 3 and 50, 24, never -3 or -24. A group of thousands
+# is whole: "1,2345" is no 1234.
+NUMBER = (
+    r"(?<![\w.])[-\u2212]?\d+/\d+(?![\d/])"
+    r"|(?<![\w.])[-\u2212]?(?:\$\s?)?(?:\d{1,3}(?:[,\u00a0\u202f]\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+    r"|(?<![\w.])[-\u2212]?\$?\.\d+"
+)
+OPERATION = re.compile(r"\s*[-+*/×÷x\u2212]\s*\$?\.?\d")  # after a number: "4 * 6" is an expression, not a result
 ANSWER_IS = re.compile(r"answer is\b", re.IGNORECASE)
 HASHES = re.compile(r"####")
 BOXED = re.compile(r"\\boxed\s*\{([^{}]*)\}")
@@ -103,8 +109,15 @@ def gold_answer(solution: str) -> str | None:
 
 # -- answers ---------------------------------------------------------------------------------------
 def canonical_number(text: str) -> str:
-    """'$1,234.50' -> '1234.5', '18.0' -> '18', '-.5' -> '-0.5' (text must match NUMBER)."""
-    text = text.replace("$", "").replace(",", "").replace(" ", "").replace("\u2212", "-")
+    """'$1,234.50' -> '1234.5', '18.0' -> '18', '-.5' -> '-0.5', '6/8' -> '3/4', '6/3' -> '2' (text must match
+    NUMBER)."""
+    text = re.sub(r"[$,\s\u00a0\u202f]", "", text).replace("\u2212", "-")
+    if "/" in text:
+        numerator, denominator = (int(part) for part in text.split("/"))
+        if denominator == 0:
+            return text
+        value = Fraction(numerator, denominator)
+        return str(value.numerator) if value.denominator == 1 else str(value)
     sign = "-" if text.startswith("-") else ""
     digits = text.lstrip("-")
     whole, _, fraction = digits.partition(".")
@@ -134,9 +147,13 @@ def extract_number(text: str) -> str | None:
 
 def _stated_number(statement: str) -> str | None:
     """The number an answer statement gives: the first after the last '=' when its sentence works it
-    out ("5 + 3 = 8." -> 8, "3 * 4 = 12" -> 12), else the first in the sentence ("5. Then 6" -> 5)."""
+    out ("5 + 3 = 8." -> 8, "3 * 4 = 12" -> 12) and no expression follows it ("24 = 4 * 6" -> 24), else the
+    first in the sentence ("5. Then 6" -> 5); a step's number is none ("in step 3: 42" -> 42)."""
     sentence = re.split(r"[.!?](?:\s|$)", statement, maxsplit=1)[0]
-    match = re.search(NUMBER, sentence.rsplit("=", 1)[-1]) or re.search(NUMBER, sentence)
+    sentence = re.sub(r"\bstep\s*\d+", " ", sentence, flags=re.IGNORECASE)
+    result = re.search(NUMBER, sentence.rsplit("=", 1)[-1])
+    worked_out = result is not None and not OPERATION.match(result.string, result.end())
+    match = result if worked_out else re.search(NUMBER, sentence)
     return canonical_number(match.group(0)) if match else None
 
 
@@ -229,7 +246,10 @@ class Gsm8kTask(Task):
         return len(state) >= self.depth or bool(state and FINAL_MARKER.lower() in state[-1].lower())
 
     def final_answer(self, problem: Problem, state: State) -> str:
-        for step in reversed(state):
+        """A finished state's answer is its last step's number ("" if it states none: an earlier step's is a
+        sub-answer, not the answer); an open one's (a search's fallback) the latest number of its steps."""
+        steps = state[-1:] if self.is_final(problem, state) else reversed(state)
+        for step in steps:
             number = extract_number(step)
             if number is not None:
                 return number

@@ -12,8 +12,9 @@ small LaTeX -> sympy converter written here (``sympy.parsing.latex`` needs antlr
 require). As in PRM800K's ``grade_answer``, nothing is equal "up to a tolerance": decimals are read
 as exact rationals (0.3333333 is not 1/3), two integer fractions must be written alike (4/8 is not
 the answer 1/2), two equations must have the same solutions (L_a - R_a a nonzero constant times L_b - R_b), and
-any other pair must satisfy ``simplify(a - b) == 0``. A ``\pm`` answer lists its two roots; sets (``\{1,2\}``)
-and bare lists compare in any order. Words compare as strings, case-insensitively. sympy is imported lazily; without it only the string comparison runs.
+any other pair must satisfy ``simplify(a - b) == 0``. A ``\\pm`` answer lists its two roots; sets (``\\{1,2\\}``)
+and bare lists compare in any order. Words compare as strings, case-insensitively. sympy is imported lazily;
+without it only the string comparison runs.
 """
 
 from __future__ import annotations
