@@ -615,23 +615,39 @@ def test_mcts_rollouts_reach_the_tasks_depth(algorithm) -> None:
     assert {len(leaf.state) for leaf in result.leaves} == {7}
 
 
-def test_rebase_cut_by_its_depth_limit_votes_with_what_the_open_states_answer() -> None:
+@pytest.mark.parametrize("algorithm", ["rebase", "rstar", "rest-mcts"])
+def test_a_search_cut_by_its_depth_limit_votes_with_what_the_open_states_answer(algorithm) -> None:
     """max_depth below the task's: the open states are the leaves, answering what the task reads in them (they
-    carried no answer, so the vote was empty)."""
+    carried no answer, so the vote was empty: REBASE fell back to them, MCTS answered "")."""
 
     class Reads(ToyTask):
+        def is_final(self, problem, state):
+            return len(state) >= self.depth
+
         def final_answer(self, problem, state):
             return state[-1]
 
-    config = TreeSearchConfig("rebase", budget=3, max_depth=1)
+    config = TreeSearchConfig(algorithm, budget=3, max_depth=1, max_children=2, rest_children=2)
+    search = reward_balanced_search if algorithm == "rebase" else mcts_search
 
     async def main():
         source = PlainSource(Expander(Reads(), PROBLEM, ScriptedBackend(), "self_eval", seed=7))
-        return await reward_balanced_search(Reads(), PROBLEM, source, config)
+        return await search(Reads(), PROBLEM, source, config)
 
     result = run_virtual(main())
     assert result.leaves and all(leaf.answer == leaf.state[-1] for leaf in result.leaves)
     assert result.answer != ""
+
+
+def test_an_mcts_rollout_cut_by_the_depth_limit_backs_up_no_reward() -> None:
+    """Only an answer earns a reward (rStar's rule): an unanswered rollout backed up its last step's self-evaluation,
+    so UCT returned to good-looking steps that never reach an answer."""
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 2, 1, 1)
+    cut, answered = _claim(tree, (0,)), _claim(tree, (0,))
+    cut.chain = [[Child.make_dummy((), 0, reward=0.9)]]
+    answered.chain = [[Child.make_dummy((), 1, reward=0.6, final=True, answer="7")]]
+    _fold(tree, cut), _fold(tree, answered)
+    assert tree.stats.visits[0] == 2 and tree.stats.value[0] == pytest.approx(0.6)
 
 
 def test_a_task_of_plain_text_prompts_asks_for_completions_not_chats() -> None:

@@ -15,7 +15,6 @@ finish early are expanded ahead with this same width rule while the level's stra
 
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Sequence
 
 from spectot.search.ets import ets_select, semantic_clusters
@@ -26,6 +25,7 @@ from spectot.search.tree_search import (
     StopRule,
     TreeSearchConfig,
     TreeSearchResult,
+    read_open,
     result_of,
     root_child,
     stops,
@@ -79,7 +79,7 @@ async def reward_balanced_search(
         if budget <= 0 or not frontier:
             break
     if not leaves:  # the depth limit came first: the open states answer as they are (what the task reads in them)
-        leaves = [replace(c, answer=task.final_answer(problem, c.state)) for c in frontier if c.state]
+        leaves = read_open(task, problem, [c for c in frontier if c.state])
     return result_of(task, problem, leaves, consumed, stopped=False)
 
 

@@ -16,7 +16,8 @@ its terminal rewards are self-consistency counts where here they are the task's 
 rStar's search (UCT over one-step thoughts, rollouts to an answer), not its reasoning actions. Both back up the plain
 mean of the terminal rewards (rStar's rule); REST-MCTS's paper weighs its value update by the process rewards
 along the path, which is not built: here its per-step process rewards pick the kept child only. A rollout cut at
-``max_depth`` without an answer casts no vote. ``max_depth`` is the config's, else the task's: the math tasks'
+``max_depth`` without an answer backs up 0 (no answer, no reward) and casts no vote, unless no rollout answered:
+then the unanswered leaves answer as the task reads their steps (as REBASE's open states do). ``max_depth`` is the config's, else the task's: the math tasks'
 default depth 4 keeps within rStar's limit of 5, and a task that needs more steps (Blocksworld's 6-step plans,
 depth 7; or an explicit --depth) gets them (a cap at 5 made a 6-step plan impossible).
 
@@ -55,6 +56,7 @@ from spectot.search.tree_search import (
     StopRule,
     TreeSearchConfig,
     TreeSearchResult,
+    read_open,
     result_of,
     root_child,
     stops,
@@ -140,7 +142,7 @@ async def _exact_search(
             path = uct_path(tree.uct_view([]), config.c)
             start = tree.nodes[path[-1]]
             if not tree.free(path[-1]):  # a dead end (terminal, or unanswered at the depth limit): backed up again
-                tree.stats = backup(tree.stats, path, start.reward)
+                tree.stats = backup(tree.stats, path, _value(start))
                 continue
             rollout = _claim(tree, path, progress)
             run = asyncio.ensure_future(_rollout(source, tree, start, rollout))
@@ -161,7 +163,7 @@ async def _exact_search(
             consumed += [c for step in rollout.chain for c in step]
             if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
-        return result_of(task, problem, leaves, consumed, stopped=False)
+        return result_of(task, problem, read_open(task, problem, leaves), consumed, stopped=False)
     finally:
         for t, _ in ahead.values():
             t.cancel()
@@ -231,7 +233,7 @@ def _predicted(
         grown = _graft(view, path, chain)
         leaf = chain[-1][0] if chain else None
         if leaf is not None and (leaf.final or len(leaf.state) >= view.max_depth):
-            view.stats = backup(view.stats, grown, leaf.reward)
+            view.stats = backup(view.stats, grown, _value(leaf))
             return
         unknown = next(view.ids)
         children = dict(view.stats.children)
@@ -249,7 +251,7 @@ def _predicted(
             view.stats = backup(view.stats, path, stand_in)
             continue
         if not view.free(start):
-            view.stats = backup(view.stats, path, view.nodes[start].reward)
+            view.stats = backup(view.stats, path, _value(view.nodes[start]))
             continue
         index = view.next_index.get(start, 0)
         selections.append((view.nodes[start], index))
@@ -295,7 +297,7 @@ async def _folding_search(
                 elif tree.free(path[-1]):
                     primary = launch(path, speculative=False)
                 else:  # a dead end (terminal, or unanswered at the depth limit): its reward is backed up again
-                    tree.stats = backup(tree.stats, path, tree.nodes[path[-1]].reward)
+                    tree.stats = backup(tree.stats, path, _value(tree.nodes[path[-1]]))
                     launched, folded = launched + 1, folded + 1
                     continue
             # -- speculate: the next selections under virtual loss, within the query's budget
@@ -333,7 +335,7 @@ async def _folding_search(
                 leaves += folded_leaves
             if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
-        return result_of(task, problem, leaves, consumed, stopped=False)
+        return result_of(task, problem, read_open(task, problem, leaves), consumed, stopped=False)
     finally:
         for t, rollout in running.items():
             t.cancel()
@@ -376,8 +378,13 @@ def _fold(tree: _Tree, r: _Rollout) -> list[Child]:
     (terminal, or unanswered at the depth limit), then REST-MCTS's finished siblings it did not keep (answers the
     search paid for: left out, they never voted, and UCT's first visit to one only backed its reward up again)."""
     path, leaf = _graft(tree, r.path, r.chain), r.chain[-1][0]
-    tree.stats = backup(tree.stats, path, leaf.reward)
+    tree.stats = backup(tree.stats, path, _value(leaf))
     return [leaf, *(c for step in r.chain for c in step[1:] if c.final)]
+
+
+def _value(leaf: Child) -> float:
+    """What a rollout ending at ``leaf`` backs up: its reward if it answered, 0 if the depth limit cut it first."""
+    return leaf.reward if leaf.final else 0.0
 
 
 def _graft(tree: _Tree, path: tuple[int, ...], chain: list[list[Child]]) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from spectot.backends.base import LivePriority
@@ -198,6 +198,14 @@ def stops(stop: StopRule | None, task: Task, leaves: Sequence[Child]) -> bool:
         return False
     groups = vote(task, leaves)
     return stop(groups, sum(group.count for group in groups))
+
+
+def read_open(task: Task, problem: Problem, leaves: list[Child]) -> list[Child]:
+    """The leaves to vote on: as they are, or, where none answered (the depth limit came first everywhere), each
+    open one with the answer the task reads in its steps."""
+    if any(c.answer for c in leaves):
+        return leaves
+    return [replace(c, answer=task.final_answer(problem, c.state)) if c.state and not c.final else c for c in leaves]
 
 
 def result_of(task: Task, problem: Problem, leaves: list[Child], expansions: list[Child], stopped: bool):
