@@ -43,6 +43,28 @@ def test_edge_cases_and_errors() -> None:
         rebase_widths([0.5], -1)
     with pytest.raises(ValueError, match="temperature"):
         rebase_widths([0.5], 2, temperature=0.0)
+    with pytest.raises(ValueError, match="temperature T_b must be a number > 0, got nan"):  # widths of -2^63 before
+        rebase_widths([0.5, 0.5], 4, temperature=float("nan"))
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):  # a slice error before
+        rebase_widths([0.5, 0.5], 2.7)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", float("nan"), "temperature must be a number > 0"),
+        ("c", float("nan"), "UCT constant c must be a number >= 0"),
+        ("c", -1.0, "UCT constant c must be a number >= 0"),
+        ("lambda_kv", -1.0, "lambda_kv and lambda_cov must be numbers >= 0"),
+        ("lambda_cov", float("inf"), "lambda_kv and lambda_cov must be numbers >= 0"),
+    ],
+)
+def test_a_search_config_refuses_what_no_search_can_use(field: str, value: float, message: str) -> None:
+    """The CLI checked these; the library took NaN for a temperature (NaN <= 0 is False)."""
+    from spectot.search.tree_search import TreeSearchConfig
+
+    with pytest.raises(ValueError, match=message):
+        TreeSearchConfig(**{field: value})
 
 
 def test_weighted_vote_groups_sums_and_sorts() -> None:

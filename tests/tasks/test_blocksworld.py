@@ -484,6 +484,10 @@ def test_is_final_and_grade_on_gold_and_broken_plans(data_dir: Path) -> None:
     assert task.grade(problem, "\n".join(lines[1:])) == 0.0
     assert task.grade(problem, "\n".join(lines[:3] + (PLAN_END,) + lines[3:])) == 0.0
     assert task.grade(problem, "") == 0.0
+    # an unreadable step is skipped by the search as by the grade: with it the plan was not final (the search went
+    # on adding actions) while its answer graded 1.0
+    padded, deep = ("garbage", *lines), BlocksworldTask(builtin_prompt_pool(), depth=9)  # final by its plan alone
+    assert deep.is_final(problem, padded) and task.grade(problem, task.final_answer(problem, padded)) == 1.0
 
 
 def test_builtin_pool_demos_are_solved_and_self_eval_has_slots() -> None:

@@ -20,6 +20,7 @@ confidence wins. SPEX's early-termination test (``spectot.explore.termination``)
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,8 +42,8 @@ class AnswerGroup:
 
 def balance_probabilities(rewards: Sequence[float], temperature: float) -> np.ndarray:
     """softmax(R / T_b) over the nodes, in float64 (shifted by the max, so large rewards do not overflow)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature T_b must be > 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature T_b must be a number > 0, got {temperature}")
     r = np.asarray(rewards, dtype=np.float64)  # (K,)
     if not np.all(np.isfinite(r)):
         raise ValueError(f"rewards must be finite numbers, got {list(rewards)}")
@@ -63,7 +64,7 @@ def largest_remainder(quotas: np.ndarray, total: int) -> list[int]:
 
 def rebase_widths(rewards: Sequence[float], budget: int, temperature: float = 0.2) -> list[int]:
     """Children per node: W_j = round(B * softmax(R(n_j) / T_b)_j), widths >= 0 summing to exactly B."""
-    if budget < 0:
+    if operator.index(budget) < 0:  # a count: 2.7 is refused here, not as a slice error below
         raise ValueError(f"budget B must be >= 0, got {budget}")
     if len(rewards) == 0:
         return []

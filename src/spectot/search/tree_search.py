@@ -10,6 +10,7 @@ answers found so far (SPEX's, in ``explore/termination.py``); the search layer o
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -43,8 +44,12 @@ class TreeSearchConfig:
     def __post_init__(self) -> None:
         if self.budget < 1:
             raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):  # NaN passed "<= 0" as a temperature
+            raise ValueError(f"temperature must be a number > 0, got {self.temperature}")
+        if not (math.isfinite(self.c) and self.c >= 0):
+            raise ValueError(f"the UCT constant c must be a number >= 0, got {self.c}")
+        if not all(math.isfinite(w) and w >= 0 for w in (self.lambda_kv, self.lambda_cov)):
+            raise ValueError(f"lambda_kv and lambda_cov must be numbers >= 0, got {self.lambda_kv}, {self.lambda_cov}")
         if self.max_depth < 0:
             raise ValueError(f"max_depth must be >= 0 (0 = the task's depth), got {self.max_depth}")
         if self.max_children < 1 or self.rest_children < 1:

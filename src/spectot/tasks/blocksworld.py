@@ -902,7 +902,7 @@ class BlocksworldTask(Task):
     def value(self, problem: Problem, state: State) -> StepRequest:
         """RAP's self-eval prompt for the last action, in the world the earlier actions lead to.
 
-        The earlier actions are simulated up to the first one that cannot run (or cannot be read); the
+        The earlier actions are simulated up to the first one that cannot run (an unreadable one is skipped); the
         judgement of that is left to the model.
         """
         if not state:
@@ -935,6 +935,7 @@ class BlocksworldTask(Task):
         plan = parse_plan_text(answer, self.config)
         return 1.0 if validate(problem_instance(problem), plan).valid else 0.0
 
-    def _actions(self, steps: Sequence[str]) -> list[Action | str]:
-        """Steps as actions; unreadable ones stay text, which the validator reports as the failing step."""
-        return [parse_action(step, self.config) or step for step in steps if step != PLAN_END]
+    def _actions(self, steps: Sequence[str]) -> list[Action]:
+        """Steps as actions; an unreadable one is skipped, as ``grade`` (llm-reasoners' reading of a plan) skips it:
+        kept as text it failed the plan here, so the search went on adding actions to a plan graded as solved."""
+        return [action for step in steps if step != PLAN_END and (action := parse_action(step, self.config))]
