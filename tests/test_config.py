@@ -73,6 +73,7 @@ from spectot.config import (
         (lambda: TreeMeasureOptions(temperature=-1.0), "--temperature"),
         (lambda: ServeOptions(port=70000), "--port"),
         (lambda: ServeOptions(max_streams=0), "--max-streams"),
+        (lambda: ServeOptions(max_body_mb=float("inf")), "--max-body-mb must be a number > 0"),  # crashed in create_app
         (lambda: TrainDraftOptions(corpus=("c.jsonl",), token_lr=-1.0), "--token-lr"),
         (lambda: TrainDraftOptions(corpus=("c.jsonl",), epochs=float("inf")), "--epochs must be a finite"),
     ],
@@ -165,6 +166,37 @@ def test_solve_flag_combinations(search, draft, solve, tree, backend, message, t
         SolveOptions(**solve),
         TreeSearchOptions(**tree),
         BackendOptions(**backend),
+    )
+    if message is None:
+        check_solve(*options)
+        return
+    with pytest.raises(ValueError, match=message):
+        check_solve(*options)
+
+
+@pytest.mark.parametrize(
+    "model, draft, message",
+    [
+        (
+            {"target": "qwen2.5-7b"},
+            {},
+            "--target names the local model; --backend openai asks the servers for --served",
+        ),
+        ({"dtype": "fp32", "kernels": "torch"}, {}, "--dtype, --kernels configure the local engine"),
+        ({"chat_template": False}, {}, "--no-chat-template configure the local engine"),
+        ({}, {"num_draft_tokens": 8, "adaptive_k": False}, "--num-draft-tokens, --no-adaptive-k configure the local"),
+        ({"device": "cpu", "threads": 2}, {}, None),  # the ETS embedder's device, torch's threads: read
+    ],
+)
+def test_the_openai_backend_refuses_the_local_models_flags(model, draft, message) -> None:
+    """--backend openai read none of them, and --target was misleading: the servers' first model was asked for."""
+    options = (
+        SearchOptions(search="rebase"),
+        DraftOptions(**draft),
+        SolveOptions(),
+        TreeSearchOptions(),
+        BackendOptions(backend="openai", base_url=("http://h/v1",)),
+        ModelOptions(**model),
     )
     if message is None:
         check_solve(*options)

@@ -907,8 +907,8 @@ class ServeOptions:
             raise ValueError(f"--max-streams must be >= 1, got {self.max_streams}")
         if self.max_choices < 1:
             raise ValueError(f"--max-choices must be >= 1, got {self.max_choices}")
-        if not self.max_body_mb > 0:
-            raise ValueError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
+        if not (math.isfinite(self.max_body_mb) and self.max_body_mb > 0):
+            raise ValueError(f"--max-body-mb must be a number > 0, got {self.max_body_mb}")
         require_finite(shutdown_grace=self.shutdown_grace)
         if not self.shutdown_grace >= 0:
             raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {self.shutdown_grace}")
@@ -1092,7 +1092,12 @@ def check_engine_draft(engine: str, draft: str) -> None:
 
 
 def check_solve(
-    search: SearchOptions, draft: DraftOptions, options: SolveOptions, tree: TreeSearchOptions, backend: BackendOptions
+    search: SearchOptions,
+    draft: DraftOptions,
+    options: SolveOptions,
+    tree: TreeSearchOptions,
+    backend: BackendOptions,
+    model: ModelOptions | None = None,
 ) -> None:
     """The combinations of `spectot solve` flags that no one options class sees, refused before a model loads
     (each would otherwise be ignored in silence or fail after minutes)."""
@@ -1160,10 +1165,18 @@ def check_solve(
         )
         check_method(backend.method, draft)
     else:
+        if model is not None and _set(model, "target"):
+            raise ValueError(
+                "--target names the local model; --backend openai asks the servers for --served-model (default: "
+                "the first model they list)"
+            )
+        shaping = [f.name for f in fields(draft) if f.name != "draft"]
         _refuse_unread(
             _set(backend, "method", "max_streams")
             + _set(tree, "fill_rows", "sd_requests")
-            + (["--draft"] if draft.draft not in ("none", "ngram") else []),
+            + (["--draft"] if draft.draft not in ("none", "ngram") else [])
+            + _set(draft, *shaping)
+            + (_set(model, "dtype", "kernels", "prefix_cache", "chat_template") if model is not None else []),
             "configure the local engine; --backend openai (the servers decode as they are set up)",
         )
     if backend.backend == "local" and backend.method == "sd" and draft.draft == "none":
@@ -1211,9 +1224,11 @@ TREE_SEARCH_FLAGS = (
 
 
 def _set(options: Any, *names: str) -> list[str]:
-    """The flags among ``names`` whose value is not the field's default: the ones the user set."""
+    """The flags among ``names`` whose value is not the field's default: the ones the user set, as typed (a switch
+    turned off is ``--no-x``)."""
     defaults = {f.name: f.default for f in fields(options)}
-    return ["--" + name.replace("_", "-") for name in names if getattr(options, name) != defaults[name]]
+    changed = [name for name in names if getattr(options, name) != defaults[name]]
+    return ["--" + ("no-" if getattr(options, n) is False else "") + n.replace("_", "-") for n in changed]
 
 
 def _refuse_set(flags: list[str], why: str) -> None:

@@ -128,6 +128,7 @@ def test_backoff_grows_and_is_capped() -> None:
         delays = [backoff_seconds(attempt, base=0.5, cap=8.0) for _ in range(200)]
         assert all(0.0 <= d <= ceiling for d in delays)
         assert max(delays) > ceiling / 2  # full jitter actually spreads up to the ceiling
+    assert 0.0 <= backoff_seconds(1100, base=0.5, cap=8.0) <= 8.0  # 2**1100 overflowed a float (--retries is open)
 
 
 def test_urls_get_v1_and_the_model_is_discovered() -> None:
@@ -353,6 +354,22 @@ def test_a_retry_goes_to_another_server() -> None:
         asyncio.run(scenario([live.url, failing.url]))
     assert calls == [503]
     assert len(fake.requests) == 2
+
+
+def test_a_server_answering_5xx_is_skipped_for_a_while() -> None:
+    """A server whose engine failed answers 503 at once: with no request outstanding it tied for the pick, drew half
+    the first attempts and cost each of them a retry (with max_retries 0, a failure)."""
+    fake = SlowBackend()
+    calls: list[int] = []
+
+    async def scenario(urls: list[str]) -> None:
+        async with quick(OpenAIBackend.from_urls(urls, model="fake-model", timeout=10, max_retries=1)) as backend:
+            for _ in range(6):
+                assert (await backend.complete(REQUEST)).text == "a b c"
+
+    with BackgroundServer(scripted_app([503], calls)) as failing, BackgroundServer(create_app(fake)) as live:
+        asyncio.run(scenario([failing.url, live.url]))
+    assert calls == [503] and len(fake.requests) == 6  # once, then the live server's until the cooldown ends
 
 
 def test_a_host_that_never_answers_costs_the_connect_timeout_only() -> None:

@@ -74,6 +74,7 @@ class FakeBackend:
             prompt_tokens=self.count_tokens(request.prompt),
             completion_tokens=len(words),
             logprobs=[-0.5] * len(words) if request.logprobs else [],
+            tokens=[("" if k == 0 else " ") + w for k, w in enumerate(words)] if request.logprobs else [],
         )
 
     async def stream(self, request: CompletionRequest):
@@ -220,8 +221,12 @@ def test_choices_run_concurrently() -> None:
 
 
 def test_logprobs(client) -> None:
-    body = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "logprobs": 1}).json()
-    assert body["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.5]
+    for asked in ({"logprobs": 0}, {"logprobs": 1, "temperature": 0}):  # 1: the likeliest token is the sampled one
+        body = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **asked}).json()
+        logprobs = body["choices"][0]["logprobs"]
+        assert logprobs["token_logprobs"] == [-0.5, -0.5]
+        # one entry a token (it was null: clients indexing top_logprobs[i] failed), the sampled token's own
+        assert logprobs["top_logprobs"] == [{t: -0.5} for t in logprobs["tokens"]]
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True}
     body = client.post("/v1/chat/completions", json=chat).json()
     assert [t["logprob"] for t in body["choices"][0]["logprobs"]["content"]] == [-0.5] * 3
@@ -245,13 +250,13 @@ def test_chat_completion(client, fake) -> None:
 def test_a_conversation_is_rendered_with_the_chat_template(client, fake) -> None:
     messages = [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
     ]
     body = client.post("/v1/chat/completions", json={"messages": messages, "max_completion_tokens": 2}).json()
     assert body["usage"]["completion_tokens"] == 2
     (request,) = fake.requests
     assert not request.chat
-    assert request.prompt == "[system] be brief [user] hi there [assistant]"
+    assert request.prompt == "[system] be brief [user] hi\nthere [assistant]"  # text parts joined as vLLM joins them
     assert request.max_tokens == 2
 
 
@@ -305,6 +310,16 @@ LONG = " ".join(["w"] * 30)
         ("completions", {"prompt": "a", "suffix": "z"}, 400, "suffix", "suffix is not supported"),
         ("completions", {"prompt": "a", "logprobs": 3}, 400, "logprobs", "logprobs > 1 is not supported"),
         ("completions", {"prompt": "a", "logprobs": 1, "stream": True}, 400, "logprobs", "when streaming"),
+        ("completions", {"prompt": "a", "logprobs": 1}, 400, "logprobs", "only supported with greedy decoding"),
+        ("completions", {"prompt": "a", "best_of": 1, "n": 3}, 400, "best_of", "best_of must be at least n (3)"),
+        ("completions", {"prompt": "a", "response_format": {"type": "json_object"}}, 400, "response_format", "text"),
+        # vLLM's chat fields that change the prompt the model is fed were ignored
+        ("chat/completions", {"messages": USER, "continue_final_message": True}, 400, "continue_final_message", ""),
+        ("chat/completions", {"messages": USER, "add_generation_prompt": False}, 400, "add_generation_prompt", ""),
+        ("chat/completions", {"messages": USER, "chat_template_kwargs": {"x": 1}}, 400, "chat_template_kwargs", ""),
+        ("chat/completions", {"messages": USER, "echo": True}, 400, "echo", "not supported"),
+        ("chat/completions", {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions", "not supported"),
+        ("chat/completions", {"messages": USER, "tool_choice": "required"}, 400, "tool_choice", "not supported"),
         ("completions", {"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
         ("chat/completions", {"messages": []}, 400, "messages", "at least 1 item"),
         ("chat/completions", {"prompt": "hi"}, 400, "messages", "Field required"),
@@ -344,6 +359,30 @@ def test_bad_requests_get_openai_error_bodies(client, fake, path, body, status, 
     assert error["param"] == param
     assert message.replace(">= 1", "greater than or equal to 1") in error["message"]
     assert fake.requests == []  # nothing reached the backend
+
+
+@pytest.mark.parametrize(
+    "path, body, where",
+    [
+        ("chat/completions", {"messages": [{"role": "user", "content": "w1 \ud800"}]}, "messages.0.content"),
+        ("completions", {"prompt": "a", "model": "x\ud800"}, "model"),
+        ("completions", {"prompt": ["a", "\udfff b"]}, "prompt.1"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400(client, fake, path, body, where) -> None:
+    """JSON's "\\ud800" escape parses to a string no tokenizer can encode (nor the 404's message naming a model):
+    the answer was a plain-text 500."""
+    raw = json.dumps(body).encode()  # ASCII escapes, as a client sends them
+    response = client.post(f"/v1/{path}", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert f"{where} is not valid Unicode text" in response.json()["error"]["message"]
+    assert fake.requests == []
+
+
+def test_a_body_that_is_not_json_says_so(client) -> None:
+    response = client.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"})
+    assert response.status_code == 400
+    assert "Content-Type: application/json" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -462,6 +501,25 @@ def test_context_and_unsupported_errors_have_codes(client) -> None:
     assert client.post("/v1/completions", json={"prompt": "a", "echo": True}).json()["error"]["code"] == (
         "unsupported_parameter"
     )
+
+
+def test_an_unexpected_error_is_a_500_with_an_error_body() -> None:
+    """A bug in the server or a backend (a tokenizer raising on a text) still answers with OpenAI's body, not a
+    plain-text 'Internal Server Error' a client cannot read."""
+
+    class Broken(FakeBackend):
+        def count_tokens(self, text: str) -> int:
+            raise TypeError("the tokenizer cannot read this")
+
+    client = TestClient(create_app(Broken()), raise_server_exceptions=False)
+    response = client.post("/v1/completions", json={"prompt": "a"})
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "internal error: TypeError",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
 
 
 def test_malformed_json_and_unknown_routes(client) -> None:

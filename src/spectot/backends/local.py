@@ -43,7 +43,7 @@ class LocalEngineBackend:
         max_streams: int = 64,
         name: str | None = None,
         budget=None,
-        fill_rows: int = 8,
+        fill_rows: int = 0,  # TreeSearchOptions' (--fill-rows) default: prefilled at once was faster here
         draft_priority: int | None = None,
         num_draft_tokens: int = 5,
     ):

@@ -3,7 +3,8 @@
 ``OpenAIBackend`` sends each ``CompletionRequest`` to ``/v1/completions`` (``/v1/chat/completions`` when
 ``request.chat``) with the official ``openai`` client. With several servers, each request goes to the one with
 the fewest requests outstanding from this backend (ties: round-robin), so a search's many concurrent requests
-spread evenly; a server that could not be reached is skipped for ``cooldown`` seconds while another is up.
+spread evenly; a server that could not be reached, or answered a 5xx, is skipped for ``cooldown`` seconds while
+another is up.
 
 Failures: a server that cannot be reached (connection refused, connect timeout) passes the request on at once to
 a server that is up and that the request has not tried, spending no retry. Other connection errors, 408, 429
@@ -11,7 +12,9 @@ and 5xx (and an unreachable server when no untried one is up) are retried with e
 server's ``Retry-After`` (capped at ``MAX_RETRY_AFTER``), each retry on another server than the one that just
 failed when there is one. Only a refused connection or a connect timeout marks a server unreachable: a
 connection dropped after the request went out (a reset, a server that hung up) is retried with backoff like a 5xx,
-and leaves the server in the rotation. A server whose cooldown has passed takes one probe request at a time until
+and leaves the server in the rotation; a 5xx takes the server out of it for ``cooldown`` seconds (a failing server
+answers at once, so it has the fewest requests outstanding and would draw most first attempts). A server whose
+cooldown has passed takes one probe request at a time until
 one succeeds, so a host that swallows packets costs one request a connect timeout, not a burst of them. A read
 timeout is not retried: the request already waited the whole timeout, and a retry would most likely wait it out
 again (httpx closes the connection, so the server drops the work). Any other 4xx is the request's fault and raises ``OpenAIBackendError`` at once with
@@ -87,8 +90,9 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**attempt)] (attempt 0 = first retry)."""
-    return random.uniform(0.0, min(cap, base * 2**attempt))
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**attempt)] (attempt 0 = first retry;
+    the exponent stops at 60, so a long run of retries cannot overflow the float)."""
+    return random.uniform(0.0, min(cap, base * 2 ** min(attempt, 60)))
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
@@ -146,7 +150,7 @@ class OpenAIBackend:
         cls,
         urls: Sequence[str],
         model: str | None = None,
-        timeout: float = 600.0,
+        timeout: float = 120.0,  # BackendOptions' (--timeout) default
         max_retries: int = 3,
         api_key: str = "EMPTY",
         connect_timeout: float = 10.0,
@@ -339,7 +343,8 @@ class OpenAIBackend:
             ) from exc
         if not is_retryable(exc):
             raise OpenAIBackendError(f"{server.url} refused the request: {exc.message}", status, server.url) from exc
-        if is_unreachable(exc):
+        if is_unreachable(exc) or (status is not None and status >= 500):  # a failing server (a 503 after its
+            # engine failed answers at once, so with the fewest requests outstanding it drew most first attempts)
             server.down_until = time.monotonic() + self.cooldown
         if attempt >= self.max_retries:
             raise OpenAIBackendError(
@@ -370,7 +375,7 @@ class OpenAIBackend:
         else:
             kwargs["prompt"] = request.prompt
             if logprobs:
-                kwargs["logprobs"] = 1  # the sampled token's log-probability (and the top-1 alternative)
+                kwargs["logprobs"] = 0  # the sampled token's log-probability (no alternatives)
         if stream:
             kwargs["stream_options"] = {"include_usage": True}  # the Completion that ends a stream counts tokens
         extra: dict[str, Any] = {}  # vLLM's fields beyond OpenAI's API

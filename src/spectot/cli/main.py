@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 from_flags(args, SolveOptions),
                 from_flags(args, TreeSearchOptions),
                 from_flags(args, BackendOptions),
+                from_flags(args, ModelOptions),
             )
             return _solve(args) if args.search == "tot-bfs" else _tree_solve(args)
         if args.command == "serve":

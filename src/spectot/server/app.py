@@ -55,6 +55,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -124,6 +125,18 @@ VLLM_NO_OP: dict[str, Any] = {
 }
 
 
+# vLLM's chat fields that change how the messages become the prompt; each with its value that changes nothing.
+CHAT_NO_OP: dict[str, Any] = {
+    "add_generation_prompt": True,
+    "continue_final_message": False,
+    "echo": False,
+    "add_special_tokens": False,
+    "chat_template": None,
+    "chat_template_kwargs": {},
+    "documents": None,
+}
+
+
 # -- errors ------------------------------------------------------------------------------------------------------
 class ApiError(Exception):
     """An error answered with OpenAI's error body."""
@@ -155,6 +168,10 @@ def validation_error(exc: RequestValidationError) -> ApiError:
             params.append(None)
             continue
         loc = [str(x) for x in error.get("loc", ()) if x != "body"]
+        if not loc and error.get("type") in ("model_attributes_type", "dict_type"):  # a form or text body (curl -d)
+            parts.append("the body must be a JSON object, sent with 'Content-Type: application/json'")
+            params.append(None)
+            continue
         params.append(loc[0] if loc else None)
         parts.append(f"{'.'.join(loc)}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid")))
     return ApiError(400, "; ".join(parts) or "invalid request body", params[0] if params else None)
@@ -175,12 +192,32 @@ class OpenAIBody(BaseModel):
     def null_means_default(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        where = _not_unicode(data)
+        if where is not None:  # JSON's "\ud800" escape: a string no tokenizer (nor an error message) can encode
+            raise ValueError(f"{where} is not valid Unicode text (a lone surrogate)")
         fields = cls.model_fields
         return {
             key: value
             for key, value in data.items()
             if value is not None or key not in fields or fields[key].is_required() or fields[key].default is None
         }
+
+
+def _not_unicode(value: Any, at: str = "") -> str | None:
+    """The path of the first string in a JSON value that is not valid Unicode (holds a lone surrogate), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return at or "a string"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        key_text = key if isinstance(key, int) else _not_unicode(key) or key
+        where = _not_unicode(item, f"{at}.{key_text}" if at else str(key_text))
+        if where is not None:
+            return where
+    return None
 
 
 class StreamOptions(OpenAIBody):
@@ -253,12 +290,26 @@ class CompletionBody(SamplingBody):
             return "echo", "echo is not supported"
         if self.best_of is not None and self.best_of > 1:
             return "best_of", "best_of > 1 is not supported: ask for n completions and rank them yourself"
+        if self.best_of is not None and self.best_of < self.n:  # as OpenAI answers it
+            return "best_of", f"best_of must be at least n ({self.n}), got {self.best_of}"
         if self.suffix:
             return "suffix", "suffix is not supported"
         if self.logprobs is not None and self.logprobs > 1:
             return "logprobs", "logprobs > 1 is not supported: this server returns the sampled token's logprob only"
+        response_format = (self.model_extra or {}).get("response_format")
+        if (
+            isinstance(response_format, dict)
+            and response_format.get("type", "text") != "text"
+            or (response_format is not None and not isinstance(response_format, dict))
+        ):
+            return "response_format", "response_format other than text is not supported"
         if self.stream and self.logprobs is not None:
             return "logprobs", "logprobs are not returned when streaming: set stream to false"
+        if self.logprobs == 1 and self.temperature >= GREEDY_BELOW:
+            return "logprobs", (
+                "logprobs 1 is only supported with greedy decoding (temperature 0), where the likeliest token is the "
+                "sampled one; logprobs 0 gives the sampled token's logprob at any temperature"
+            )
         return super().unsupported()
 
 
@@ -274,7 +325,7 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
 
 
 class ChatBody(SamplingBody):
@@ -288,6 +339,15 @@ class ChatBody(SamplingBody):
     def unsupported(self) -> tuple[str, str] | None:
         if self.tools:
             return "tools", "tools are not supported"
+        extra = self.model_extra or {}
+        if extra.get("functions"):
+            return "functions", "functions are not supported"
+        if extra.get("tool_choice") not in (None, "none", "auto"):
+            return "tool_choice", "tool_choice is not supported (no tools)"
+        for name, no_op in CHAT_NO_OP.items():  # vLLM's fields that change the prompt the model is fed
+            value = extra.get(name)
+            if value is not None and value != no_op:
+                return name, f"{name} is not supported (only {json.dumps(no_op)}, which changes nothing)"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "response_format other than text is not supported"
         if self.top_logprobs:
@@ -670,11 +730,14 @@ def text_choice(index: int, completion: Completion, logprobs: bool) -> dict[str,
 
 def text_logprobs(completion: Completion) -> dict[str, Any]:
     """The legacy completions' logprobs: each sampled token's text, log-probability and character offset in the
-    choice's text (vLLM's offsets without echo; the last tokens may run past a stop string the text was cut at).
-    Token texts and offsets are null from a backend that does not give the texts."""
+    choice's text (vLLM's offsets without echo; the last tokens may run past a stop string the text was cut at),
+    and per token its top_logprobs: the sampled token's own entry (vLLM's at logprobs 0; at logprobs 1, which
+    needs greedy decoding, it is the likeliest token). Token texts, offsets and top_logprobs are null from a
+    backend that does not give the texts."""
     pieces = completion.tokens or None
     offsets = list(itertools.accumulate((len(p) for p in pieces[:-1]), initial=0)) if pieces else None
-    return {"tokens": pieces, "token_logprobs": completion.logprobs, "top_logprobs": None, "text_offset": offsets}
+    top = [{piece: lp} for piece, lp in zip(pieces, completion.logprobs)] if pieces else None
+    return {"tokens": pieces, "token_logprobs": completion.logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
 def chat_choice(index: int, completion: Completion, logprobs: bool) -> dict[str, Any]:
@@ -772,8 +835,8 @@ def create_app(
     ``app.state.shutdown`` is the app's ``Shutdown``: a ``GracefulServer`` begins it."""
     if max_choices < 1:
         raise ValueError(f"max_choices must be >= 1, got {max_choices}")
-    if not max_body_mb > 0:
-        raise ValueError(f"max_body_mb must be > 0, got {max_body_mb}")
+    if not (math.isfinite(max_body_mb) and max_body_mb > 0):
+        raise ValueError(f"max_body_mb must be a number > 0, got {max_body_mb}")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -793,6 +856,12 @@ def create_app(
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         error = validation_error(exc)
         return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:  # a bug: still OpenAI's body, never plain text
+        logger.error("request failed", exc_info=exc)
+        error = ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+        return JSONResponse(error.body(), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
