@@ -76,3 +76,19 @@ def test_a_turn_is_a_chunk_rounded_up_to_the_problems_in_flight() -> None:
     assert BenchTotOptions(problems=10, chunk=0).turn == 10  # whole cells
     with pytest.raises(ValueError, match="--chunk counts problems"):
         BenchTotOptions(chunk=-1)
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="needs ../shared/data/gsm8k/test.jsonl")
+def test_a_unit_cut_short_runs_again_whole(tiny_checkpoint, tmp_path) -> None:
+    """A continuous engine's unit (its problems in flight at once) stores its counters on its first record: a kill
+    between its records left the rest to a later unit, whose counters counted those problems' tokens twice."""
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    search = SearchOptions(thought_temperature=0.0, depth=2, thoughts=2)
+    opts = BenchTotOptions(gsm8k=str(GSM8K), problems=2, in_flight=2, engines="continuous-ar", out=str(tmp_path))
+    whole = run_bench_tot(model, DraftOptions(draft="none"), search, opts)["rows"][0]
+    records = tmp_path / "records.jsonl"
+    lines = records.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["key"] == ["gsm8k", "continuous-ar", 1]
+    records.write_text("".join(lines[:-1]))  # killed after the unit's first record
+    again = run_bench_tot(model, DraftOptions(draft="none"), search, opts)["rows"][0]
+    assert again["new_tokens"] == whole["new_tokens"] and again["problems"] == 2

@@ -60,14 +60,22 @@ def run_bench_tot(
     (out / "profile.json").write_text(json.dumps(costs or {}))
     # the engines take turns on each chunk of problems (drift lands on all alike, not on the engine then running)
     turns = range(0, opts.problems, opts.turn)
-    todo = [
+    cells = [
         (t, e, i)
         for t in tasks
         for first in turns
         for e in engines
         for i in range(first, min(first + opts.turn, opts.problems))
-        if (t, e, i) not in records
     ]
+
+    def unit_of(engine: str, i: int) -> int:  # the first problem of i's timed unit (turns are whole units)
+        width = opts.in_flight if engine.startswith("continuous") else 1
+        return i - (i % opts.turn) % width
+
+    # a unit cut short by a kill runs again whole: its counters ride on its first record, so running only its
+    # missing problems counted their tokens twice
+    missing = {(t, e, unit_of(e, i)) for t, e, i in cells if (t, e, i) not in records}
+    todo = [(t, e, i) for t, e, i in cells if (t, e, unit_of(e, i)) in missing]
     made = {}  # one engine per (task, engine) across a turn's problems, as `spectot solve --limit N` runs them
     if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine,
         # nor its first sampled token (the noise kernel loads then): thoughts are sampled
