@@ -119,7 +119,7 @@ def test_greedy_decoding_with_a_draft_that_always_agrees(tiny_llama, policy: str
     for r in out:
         assert r.stats.mean_acceptance_length > 1.5
         # every node with children on the accepted path passed it on through the draft's first-ranked child
-        assert r.stats.accepted_rank == [r.stats.rank_visits] and r.stats.rank_visits > 0
+        assert r.stats.accepted_rank[0] == r.stats.rank_visits[0] > 0 and not any(r.stats.accepted_rank[1:])
         if policy in ("chain", "k_config", "sequoia"):
             # static shapes always hold the rank-0 chain, so every depth reached is accepted; confidence-ranked
             # trees (VCT, EAGLE-2, ...) may drop the rank-0 path in favour of more confident branches

@@ -85,3 +85,21 @@ def test_to_dict_has_fields_and_derived_metrics() -> None:
     assert out["tokens_per_second"] == pytest.approx(5.5)
     assert out["time_other"] == pytest.approx(2.0)
     assert len(out["acceptance_by_position"]) == 3
+
+
+def test_the_acceptance_vector_counts_rank_r_where_a_rank_r_child_was_drafted() -> None:
+    """Sequoia's p_r: a node of one child says nothing of rank 2. Every visit counted toward every rank pulled
+    p_2.. down (0.13 for a true 0.3 on a Sequoia tree, where deep nodes have one child)."""
+    stats = DecodeStats()
+    stats.record_ranks([(0, 2), (-1, 1)])  # a 2-child node accepting its first, then a 1-child node rejecting
+    stats.record_ranks([(1, 2), (0, 1)])
+    assert stats.rank_visits == [4, 2] and stats.accepted_rank == [2, 1]
+    assert stats.acceptance_vector() == [0.5, 0.5]  # was [0.5, 0.25]
+
+
+def test_decoding_reports_each_visited_nodes_children() -> None:
+    from spectot.spec.decoding import _accepted_ranks
+
+    parents = [-1, 0, 0, 1, 3, 2]  # root: 2 children; node 1: one; node 3: one; node 2: one
+    assert _accepted_ranks(parents, [0, 2, 5]) == [(1, 2), (0, 1)]
+    assert _accepted_ranks(parents, [0, 1]) == [(0, 2), (-1, 1)]

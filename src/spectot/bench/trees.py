@@ -40,14 +40,15 @@ def measure_acceptance(
     seed: int = 0,
 ) -> dict:
     """Positional acceptance vector p_1..p_W from star-tree decoding of ``prompts``."""
-    accepted, visits = [0] * width, 0
+    accepted, visits = [0] * width, [0] * width
     config = DecodeConfig(max_new_tokens=max_new_tokens, sampling=sampling, method="sd", num_draft_tokens=1, seed=seed)
     for i, prompt in enumerate(prompts):
         stats = pipe.decoder.generate([prompt], config, prompt_seeds(seed, i, 1))[0].stats  # each prompt its own noise
-        visits += stats.rank_visits
-        for r, a in enumerate(stats.accepted_rank):
+        for r, (a, v) in enumerate(zip(stats.accepted_rank, stats.rank_visits)):
             accepted[r] += a
-    return {"acceptance": [a / visits if visits else 0.0 for a in accepted], "visits": visits, "width": width}
+            visits[r] += v
+    acceptance = [a / v if v else 0.0 for a, v in zip(accepted, visits)]
+    return {"acceptance": acceptance, "visits": visits[0], "width": width}
 
 
 def profile_costs(pipe: Pipeline, n_max: int = 64, depths: int = 8, prefix: int = 128, reps: int = 5) -> dict:

@@ -668,9 +668,9 @@ def _tested(parents: list[int], path: list[int], in_order: bool) -> list[int]:
     ]
 
 
-def _accepted_ranks(parents: list[int], path: list[int]) -> list[int]:
-    """At each node of the accepted path that has children: the rank of the accepted child among
-    them (children are in draft-rank order), or -1 where all were rejected."""
+def _accepted_ranks(parents: list[int], path: list[int]) -> list[tuple[int, int]]:
+    """At each node of the accepted path that has children: (the rank of the accepted child among them
+    (children are in draft-rank order), or -1 where all were rejected; how many children it has)."""
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(parents[1:], start=1):
         children.setdefault(parent, []).append(node)
@@ -678,5 +678,5 @@ def _accepted_ranks(parents: list[int], path: list[int]) -> list[int]:
     for i, node in enumerate(path):
         kids = children.get(node)
         if kids:
-            ranks.append(kids.index(path[i + 1]) if i + 1 < len(path) else -1)
+            ranks.append((kids.index(path[i + 1]) if i + 1 < len(path) else -1, len(kids)))
     return ranks

@@ -7,8 +7,9 @@
 - ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
 - ``acceptance_by_position[i]``: P(draft token i+1 accepted | it was proposed and tokens 1..i were).
 - ``accepted_rank[r]``: verification visits of a tree node with children where the child of draft
-  rank r (0 = the draft's first) was accepted; ``rank_visits`` counts all such visits, so
-  accepted_rank[r] / rank_visits estimates Sequoia's positional acceptance vector p_{r+1}.
+  rank r (0 = the draft's first) was accepted; ``rank_visits[r]`` counts the visits of nodes that have a child
+  of rank r, so accepted_rank[r] / rank_visits[r] estimates Sequoia's positional acceptance vector p_{r+1}
+  (a node of fewer children says nothing of rank r: counted, it pulled p_2.. down, 0.13 for a true 0.3).
 - calibration (EDD paper, fig. 3b): drafted tokens whose parent was accepted, binned by the draft's
   probability of the token; ``calibration_error`` is the expected calibration error (ECE) over
   ``CALIBRATION_BINS`` equal-width bins.
@@ -37,7 +38,7 @@ class DecodeStats:
     reached_by_position: list[int] = field(default_factory=list)  # draft position i was proposed and 1..i accepted
     accepted_by_position: list[int] = field(default_factory=list)
     accepted_rank: list[int] = field(default_factory=list)
-    rank_visits: int = 0
+    rank_visits: list[int] = field(default_factory=list)  # [r]: visited nodes with a child of rank r
     calibration_n: list[int] = field(default_factory=lambda: [0] * CALIBRATION_BINS)
     calibration_accepted: list[int] = field(default_factory=lambda: [0] * CALIBRATION_BINS)
     calibration_confidence: list[float] = field(default_factory=lambda: [0.0] * CALIBRATION_BINS)
@@ -61,13 +62,17 @@ class DecodeStats:
             self.reached_by_position[i] += 1
             self.accepted_by_position[i] += int(i < accepted)
 
-    def record_ranks(self, ranks: list[int]) -> None:
-        """One verification's outcome at each visited node with children: the accepted child's rank
-        among its siblings, or -1 where every child was rejected."""
-        for rank in ranks:
-            self.rank_visits += 1
+    def record_ranks(self, outcomes: list[tuple[int, int]]) -> None:
+        """One verification's outcome at each visited node with children: (the accepted child's rank among its
+        siblings, or -1 where every child was rejected; how many children it had)."""
+        for rank, width in outcomes:
+            grow = width - len(self.rank_visits)
+            if grow > 0:
+                self.rank_visits += [0] * grow
+                self.accepted_rank += [0] * grow
+            for r in range(width):
+                self.rank_visits[r] += 1
             if rank >= 0:
-                self.accepted_rank += [0] * (rank + 1 - len(self.accepted_rank))
                 self.accepted_rank[rank] += 1
 
     def record_calibration(self, confidence: list[float], accepted: list[bool]) -> None:
@@ -88,7 +93,7 @@ class DecodeStats:
         )
 
     def acceptance_vector(self) -> list[float]:
-        return [a / self.rank_visits for a in self.accepted_rank] if self.rank_visits else []
+        return [a / v for a, v in zip(self.accepted_rank, self.rank_visits)]
 
     @property
     def mean_acceptance_length(self) -> float:
