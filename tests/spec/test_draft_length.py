@@ -90,6 +90,23 @@ def test_a_draft_switched_off_by_a_low_prior_is_probed_again() -> None:
     assert estimate.alpha(1)[0] == pytest.approx(0.6, abs=0.08)
 
 
+def test_a_prior_of_zero_does_not_switch_drafting_off_for_good() -> None:
+    """At m = 0 the optimistic bound m + z sqrt(m (1 - m) / n) is 0 however the prior's weight decays: k* = 0 for
+    ever, nothing observed, the prior never moved (bench trees wrote 0.0 for a rank measured on no visits)."""
+    curve = lambda n: 1.0 + 0.02 * (n - 1)  # noqa: E731
+    length = DraftLength(curve, 0.01, priors={0.0: 0.0})
+    assert {length.choose(GREEDY, 4) for _ in range(5000)} != {0}
+
+
+def test_runners_up_past_the_measured_vector_are_not_the_last_ones_again() -> None:
+    """P_2 = 0.2 measured, width 8: P_3..P_8 repeated 0.2 (1.4 of extra acceptance) and the widest fan won;
+    Sequoia's DP reads them as 0."""
+    curve = lambda n: 1.0 + 0.01 * (n - 1)  # noqa: E731
+    length = DraftLength(curve, 0.01, priors={0.0: 0.3}, max_width=8, runner_up_priors={0.0: [0.2]}, optimism=0.0)
+    assert length.runner_up_priors[0.0][0] == 0.2 and max(length.runner_up_priors[0.0][1:]) <= 1e-3
+    assert length.choose_tree(GREEDY, 4)[1] <= 2
+
+
 def test_draft_length_keeps_an_estimate_per_sampling_and_uses_the_nearest_prior() -> None:
     length = DraftLength(lambda n: 1 + 0.5 * (n - 1), priors={0.0: 0.9, 1.0: 0.0})  # k = 1 needs alpha_1 > 0.5
     assert length.choose(GREEDY, 5) >= 1
@@ -349,7 +366,7 @@ def test_only_chain_drafts_adapt(target) -> None:
     """A length that always says k* = 0 silences a chain draft, never a tree draft (its size is its own rule)."""
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     config = DecodeConfig(max_new_tokens=20, method="sd")
-    never = DraftLength(flat, priors={0.0: 0.0})
+    never = DraftLength(flat, draft_cost=10.0, learn_cost=False)  # a draft step costing ten target steps
     [chain] = Decoder(ModelRunner(target), (), NgramProposer(), draft_length=never).generate([prompt], config)
     [tree] = Decoder(ModelRunner(target), (), NgramProposer(width=3), draft_length=never).generate([prompt], config)
     assert chain.stats.proposed == 0 and tree.stats.proposed > 0

@@ -227,6 +227,10 @@ class AcceptanceEstimate:
             self.accepted[i] += 1.0
 
 
+MIN_PRIOR = 1e-3  # the least prior acceptance: at 0 the optimistic bound is 0, so k* = 0, nothing is ever observed
+#                   and the prior never moves (a measured acceptance of 0, from a measurement of no visits, did that)
+
+
 class DraftLength:
     """k* (and w*) per step for each sampling setting's streams (and, for a free draft, each evidence class);
     shared by a decoder's sessions (and SEED's drafter and target threads, hence the lock)."""
@@ -256,6 +260,7 @@ class DraftLength:
         self.priors = dict(priors) if priors else {0.0: 0.5}
         if not all(0.0 <= p <= 1.0 for p in self.priors.values()):
             raise ValueError(f"prior acceptance rates must lie in [0, 1], got {self.priors}")
+        self.priors = {t: max(p, MIN_PRIOR) for t, p in self.priors.items()}
         self.t_curve, self.draft_cost, self.weight, self.decay, self.optimism = (
             t_curve,
             draft_cost,
@@ -268,6 +273,11 @@ class DraftLength:
         self.runner_up_priors = {t: tuple(v) for t, v in (runner_up_priors or {0.0: [0.05]}).items() if len(v)}
         if not self.runner_up_priors or not all(0.0 <= p <= 1.0 for v in self.runner_up_priors.values() for p in v):
             raise ValueError(f"runner-up acceptance priors must be probabilities, got {runner_up_priors}")
+        # ranks past the measured vector: MIN_PRIOR, as Sequoia's DP reads them (0), not the last rank's again
+        self.runner_up_priors = {
+            t: tuple(max(p, MIN_PRIOR) for p in v) + (MIN_PRIOR,) * (max_width - 1 - len(v))
+            for t, v in self.runner_up_priors.items()
+        }
         self.runners_up: dict[SamplingParams, AcceptanceEstimate] = {}  # P_r, r = 2.. (position i: rank i + 1)
         self.smoothing, self.learn_cost, self.forward_time = smoothing, learn_cost, forward_time
         # d(B): EMA of seconds per draft forward of a step with B streams (each stream adds its catch-up rows

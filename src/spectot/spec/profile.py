@@ -7,6 +7,7 @@ one target step; ``c_extra_depth``: each further depth of a chain over one targe
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -48,7 +49,7 @@ def measure_t_curve(
             runner.forward([StreamTree(sid, tree)])
             runner.commit({})
             times[n].append(time.perf_counter() - t)
-    curve = [{"n": n, "seconds": sorted(times[n][1:])[reps // 2]} for n in ns]
+    curve = [{"n": n, "seconds": statistics.median(times[n][1:])} for n in ns]  # reps 2: the mean, not the larger
     runner.release(sid)
     for point in curve:
         point["relative"] = point["seconds"] / curve[0]["seconds"]
@@ -92,7 +93,7 @@ def measure_costs(
             proposer.propose([request], SamplingParams(), None)
             samples.append(time.perf_counter() - t)
             proposer.release(key)
-        times[k] = sorted(samples[1:])[reps // 2]
+        times[k] = statistics.median(samples[1:])
     # one more depth of a chain; a draft whose cost does not grow with depth (n-gram) times noise: clamped at 0
     step = max(0.0, (times[depths] - times[1]) / (depths - 1))
     t1 = curve[0]["seconds"]

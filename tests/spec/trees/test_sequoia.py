@@ -140,3 +140,17 @@ def test_large_budgets_at_any_depth() -> None:
     assert tree.expected_tokens > sequoia_tree([0.6, 0.2, 0.1], 128).expected_tokens
     wide = sequoia_tree([0.6, 0.2, 0.1], 768, 12)
     assert len(wide.parents) == 768 and wide.expected_tokens == pytest.approx(5.7886, abs=1e-4)
+
+
+def test_a_deep_tree_is_built_without_recursion() -> None:
+    """The DP ran bottom-up but the build recursed once per level: a chain deeper than Python's recursion limit
+    (sequoia_tree([0.99], 1024), allowed by --tree-budget) raised RecursionError. Here under a lowered limit."""
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(120)
+    try:
+        tree = sequoia_tree([0.99], 200)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert tree.parents == [-1] + list(range(199))  # one candidate a depth: a chain

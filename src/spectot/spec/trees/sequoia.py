@@ -96,15 +96,16 @@ def _table(p: list[float], budget: int, depth: int) -> tuple[np.ndarray, np.ndar
 
 
 def _build(choice: np.ndarray, k: int, parents: list[int], node: int, n: int, d: int) -> None:
-    """Append the optimal subtree's children under ``node`` (breadth by rank, then recurse)."""
-    plan, m, j = [], n - 1, 1
-    while m > 0:
-        size = int(choice[d, j, m]) if j <= k else 1  # past the vector: leaves
-        plan.append(size)
-        m, j = m - size, j + 1
-    children = []
-    for _size in plan:
-        parents.append(node)
-        children.append(len(parents) - 1)
-    for child, size in zip(children, plan):
-        _build(choice, k, parents, child, size, d - 1)
+    """Append the optimal subtree's children under ``node``: a node's children by rank, then each child's subtree
+    in turn (depth first, by an explicit stack: a chain of a thousand nodes is a thousand levels)."""
+    stack = [(node, n, d)]
+    while stack:
+        node, n, d = stack.pop()
+        plan, m, j = [], n - 1, 1
+        while m > 0:
+            size = int(choice[d, j, m]) if j <= k else 1  # past the vector: leaves
+            plan.append(size)
+            m, j = m - size, j + 1
+        first = len(parents)
+        parents.extend([node] * len(plan))
+        stack.extend((first + i, size, d - 1) for i, size in reversed(list(enumerate(plan))))
