@@ -767,3 +767,30 @@ def test_rest_mcts_gives_a_node_all_its_children_when_the_width_does_not_divide_
     assert max(children.values()) == 3
     assert all(sorted(c.key.index for c in result.expansions if c.key.at == at) == list(range(n))
                for at, n in children.items())  # fmt: skip
+
+
+def test_an_expansion_cancelled_during_its_reward_counts_its_thought() -> None:
+    """Tokens were counted once thought and reward had both finished: a speculative expansion cancelled while its
+    self-evaluation ran lost its whole thought from the query's tokens and from the waste."""
+
+    class SlowReward:
+        name = "slow-reward"
+
+        async def complete(self, request):
+            thought = request.prompt.startswith("think")
+            await asyncio.sleep(0.01 if thought else 10.0)
+            return Completion("w1" if thought else "5", "stop", 4, 300 if thought else 2)
+
+    async def main():
+        expander = Expander(ToyTask(), PROBLEM, SlowReward())
+        explorer = Explorer(expander, None)
+        task = asyncio.create_task(expander.expand(ChildKey((), 0)))
+        await asyncio.sleep(0.1)  # the thought is done, its evaluation runs
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await explorer.close()
+        return expander.counters, explorer.counters
+
+    counters, spec = asyncio.run(main())
+    assert (counters.tokens, counters.cancelled_tokens, counters.expansions) == (300, 300, 0)
+    assert spec.wasted_tokens == 300

@@ -25,7 +25,8 @@ budget released.
 
 Vocabulary of the counters: speculated = speculative expansions started; hits = those the search
 used; cancelled = stopped before finishing; wasted_tokens = tokens of finished speculative
-expansions never used; saving rate = expansions the search used that had run speculatively / expansions the
+expansions never used, and the thoughts of expansions cancelled during their evaluation (a generation cut
+mid-way counts nothing: the backend does not say how far it got); saving rate = expansions the search used that had run speculatively / expansions the
 search used (a BFS hit is one expansion; a DFS rollout folded in brings the steps it ran speculatively).
 """
 
@@ -294,13 +295,17 @@ class Explorer:
         """Cancel whatever is still running (the search is done), count what it wasted, and wait for the
         cancelled tasks to end (so their budget and run time are counted before the query's record is made).
         A speculative expansion that finished in the search's last pass, its callback still queued, starts
-        nothing once the explorer is closed (it used to launch children nobody cancelled, after ``leave``)."""
+        nothing once the explorer is closed (it used to launch children nobody cancelled, after ``leave``). Once:
+        a second call does nothing."""
+        if self._closed:
+            return
         self._closed = True
         pending = [job.task for job in self._jobs.values() if not job.task.done()]
         self.retain(lambda key: False)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        self.counters.wasted_tokens += self.expander.counters.cancelled_tokens
         if self.budget is not None:
             self.budget.leave(self.query)
 

@@ -20,6 +20,7 @@ Rewards (``RewardKind``):
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -92,8 +93,10 @@ class ExpansionSampling:
 @dataclass
 class ExpansionCounters:
     expansions: int = 0
-    tokens: int = 0
+    tokens: int = 0  # generated: thoughts as they finish, rewards' when theirs do (cancelled expansions' too)
     requests: int = 0
+    cancelled_tokens: int = 0  # the thoughts of expansions cancelled during their reward (a thought cut mid-way:
+    #                            the backend does not say how far it got, so it counts nothing)
 
 
 def logprob_reward(out: Completion) -> float:
@@ -127,14 +130,19 @@ class Expander:
         out = await self._complete(
             step_request, sampling.temperature, seed, priority, sampling.top_p, logprobs=self.reward == "logprob"
         )
+        self.counters.tokens += out.completion_tokens
         step = self.task.parse_thought(self.problem, key.parent, out.text)
         state = key.parent + (step,)
-        reward, reward_tokens = await self._reward(state, key.node, out, priority)
+        try:
+            reward, reward_tokens = await self._reward(state, key.node, out, priority)
+        except asyncio.CancelledError:  # its thought was generated for nothing
+            self.counters.cancelled_tokens += out.completion_tokens
+            raise
+        self.counters.tokens += reward_tokens
         final = self.task.is_final(self.problem, state)
         answer = self.task.final_answer(self.problem, state) if final else ""
         tokens = out.completion_tokens + reward_tokens
         self.counters.expansions += 1
-        self.counters.tokens += tokens
         return Child(key, state, out.text, reward, final, answer, tokens, time.perf_counter() - t)
 
     async def _reward(
