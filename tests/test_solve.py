@@ -150,6 +150,10 @@ def test_a_tree_search_resumes_without_asking_the_backend_again(tmp_path) -> Non
     assert run.summary()["resumed"] == 1 and len(run.records) == 1
     assert 0 < len(again.requests) < len(first.requests)
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == [json.loads(x)["id"] for x in lines]
+    # a resume asking for fewer problems reports those: the records of the others stay in the file, out of its
+    # figures (all 6 of a finished run were counted in accuracy_all of a --limit 2 resume)
+    fewer = run_tree_solve(search, tree, SolveOptions(task="gsm8k", limit=1, json=str(out), resume=True), again)
+    assert fewer.summary()["resumed"] == 1 and fewer.records == []
 
 
 @pytest.mark.parametrize(

@@ -70,8 +70,9 @@ def run_setup(*options: Any, **more: Any) -> dict:
 def resume_problems(
     path: str, setup: dict, resume: bool, problems: list[Problem]
 ) -> tuple[list[dict], list[Problem], Callable[[dict], None] | None]:
-    """(records already written, problems still to run, appender) for ``--json path`` (no path: nothing, all,
-    None). A resumed record must be of one of ``problems``, with the same question."""
+    """(records already written of ``problems``, problems still to run, appender) for ``--json path`` (no path:
+    nothing, all, None). A resumed record of one of ``problems`` must hold the same question; records of other
+    problems (a resume with another --limit / --offset) stay in the file and out of this run's figures."""
     if not path:
         return [], problems, None
     done, append = results_file(path, setup, resume)
@@ -84,7 +85,7 @@ def resume_problems(
                 "changed; write to another file"
             )
     ids = {r["id"] for r in done}
-    return done, [p for p in problems if p.id not in ids], append
+    return [r for r in done if r["id"] in by_id], [p for p in problems if p.id not in ids], append
 
 
 def _appender(path: str) -> Callable[[dict], None] | None:

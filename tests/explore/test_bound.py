@@ -66,3 +66,10 @@ def test_a_search_result_exports_the_tree_it_replays():
     replayed = replay_seconds([[(p, t) for p, t, _ in tree]], FREE, k_total=4, lookahead=2)
     assert replayed == pytest.approx(critical_path_seconds([a, b, bc, ad]))  # seconds = tokens here
     assert replay_seconds([[(p, t) for p, t, _ in tree]], FREE) == pytest.approx(level_barrier_seconds([a, b, bc, ad]))
+
+
+def test_an_empty_tree_does_not_end_the_replay() -> None:
+    """A query of no expansions admitted alone ran nothing, and the replay returned, dropping the queries after it."""
+    tree = [(-1, 5.0)]
+    assert replay_seconds([tree, [], tree], FREE, 1) == pytest.approx(10.0)
+    assert replay_seconds([[], tree], FREE, 1) == pytest.approx(5.0)

@@ -42,6 +42,15 @@ def test_a_negative_or_non_finite_tau_is_refused() -> None:
             allocate(4, [2, 2], [0.5, 0.5], 0.0, [1.0, 1.0], tau)
 
 
+def test_inputs_that_overflow_or_are_not_numbers_are_refused() -> None:
+    """NaN hit rates or an overflowing tau * score failed inside math.floor ('cannot convert float NaN')."""
+    with pytest.raises(ValueError, match="tau \\* score overflows"):
+        allocate(4, [3, 3], [0.5, 0.5], 1.0, [0.5, 0.5], tau=1e308)
+    for hit, kv in (([float("nan"), 0.5], [0.5, 0.5]), ([0.5, 0.5], [float("inf"), 0.5])):
+        with pytest.raises(ValueError, match="must be finite numbers >= 0"):
+            allocate(4, [3, 3], hit, 1.0, kv)
+
+
 def test_tau_zero_splits_evenly() -> None:
     assert allocate(12, [10, 10, 10], [0.1, 0.5, 0.9], 0.2, [0.0, 0.3, 0.6], tau=0.0) == [4, 4, 4]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spectot.explore.termination import settled
 from spectot.search.rebase import AnswerGroup, weighted_vote
 
@@ -37,3 +39,12 @@ def test_single_group_settles_once_there_are_enough_answers() -> None:
 def test_unsorted_groups_and_the_vote_pipeline() -> None:
     groups = weighted_vote(["3", "4", "3", "3", None], [0.9, 0.8, 0.7, 0.8, 1.0])
     assert settled(list(reversed(groups)), n_answers=4, t=4)  # 2.4 - 0.8 > 0.5 * 0.8
+
+
+def test_an_alpha_that_is_no_margin_is_refused() -> None:
+    """NaN never settled a vote, in silence; a negative alpha settled ties (the CLI checked, the library did not)."""
+    from spectot.explore.queries import ExploreConfig
+
+    for alpha in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="alpha must be a finite number >= 0"):
+            ExploreConfig(alpha=alpha)

@@ -94,6 +94,8 @@ def replay_seconds(
         for _, q, i in early[: max(0, k_total - len(running))]:
             running.add((q, i))
         if not running:
+            if waiting:  # the queries admitted had nothing to run (empty trees): admit the next ones
+                continue
             return clock
         r = rate(len(running))
         dt = min(left[x] for x in running) / r

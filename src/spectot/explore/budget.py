@@ -46,12 +46,19 @@ def allocate(
         raise ValueError(f"tau must be a finite number >= 0 (a negative tau favours the worst queries), got {tau}")
     if n == 0:
         return []
+    if not all(math.isfinite(x) and x >= 0 for x in [*hit_rate, *kv_reuse, *np.atleast_1d(reusable_weight)]):
+        raise ValueError(
+            f"hit rates and reuse weights must be finite numbers >= 0, got {list(hit_rate)}, {list(kv_reuse)}"
+        )
     c = np.asarray(capacity, dtype=np.float64)  # C_q
     p = np.asarray(hit_rate, dtype=np.float64)  # P_q
     s_w = np.broadcast_to(np.asarray(reusable_weight, dtype=np.float64), (n,))  # S_w
     s_kv = np.asarray(kv_reuse, dtype=np.float64)  # S_KV(q)
     score = c * p * (s_w + s_kv)  # score_q = C_q P_q (S_w + S_KV(q))
-    logits = tau * score
+    with np.errstate(over="ignore", invalid="ignore"):  # refused just below, by name
+        logits = tau * score
+    if not np.isfinite(logits).all():  # tau times a large score overflowed
+        raise ValueError(f"tau * score overflows (tau {tau}, scores {score.tolist()}): lower tau")
     share = np.exp(logits - logits.max())
     share /= share.sum()  # softmax(tau score)_q
     ideal = k_total * share  # k_total softmax(tau score)_q

@@ -56,7 +56,7 @@ class SpecCounters:
     wasted_tokens: int = 0
     used_tokens: int = 0
     budget_peak: int = 0  # most speculative expansions in flight at once
-    speculative_seconds: float = 0.0  # summed run time of the speculative expansions (cancelled ones included)
+    speculative_seconds: float = 0.0  # unit-seconds of speculative work held (cancelled included): run time x units
 
     @property
     def hit_rate(self) -> float:
@@ -414,7 +414,7 @@ class Explorer:
 
         def done(_: asyncio.Task) -> None:
             self.budget.finished(self.query, units)
-            self.counters.speculative_seconds += time.perf_counter() - began
+            self.counters.speculative_seconds += units * (time.perf_counter() - began)  # in units, as budget_peak
 
         task.add_done_callback(done)
 

@@ -44,6 +44,8 @@ class ExploreConfig:
             raise ValueError("k_total and lookahead must be >= 0 and min_answers >= 1")
         if not (math.isfinite(self.tau) and self.tau >= 0):
             raise ValueError(f"tau must be a finite number >= 0, got {self.tau}")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):  # NaN never settles, a negative one settles ties
+            raise ValueError(f"alpha must be a finite number >= 0, got {self.alpha}")
 
 
 @dataclass
