@@ -360,6 +360,39 @@ def test_forward_twice_without_commit_raises(tiny_llama) -> None:
         runner.forward([StreamTree(sid, TokenTree.chain([3]))])
 
 
+def test_freeing_slots_while_a_forward_is_pending_raises(tiny_llama) -> None:
+    """A release or truncate between forward and commit shifted the pending slots down, and the commit then kept
+    slots past the cache's end (another stream's KV, in silence)."""
+    runner = ModelRunner(tiny_llama(0))
+    b, a = runner.new_stream(), runner.new_stream()
+    for sid, tokens in ((b, [4, 5, 6, 7]), (a, [8, 9, 10, 11, 12])):
+        runner.forward([StreamTree(sid, TokenTree.chain(tokens))])
+        runner.commit_all()
+    runner.forward([StreamTree(a, TokenTree.chain([13, 14, 15]))])
+    for free in (lambda: runner.release(b), lambda: runner.truncate(b, 1)):
+        with pytest.raises(RuntimeError, match="while a forward is pending: commit"):
+            free()
+    runner.commit_all()
+    runner.release(b)  # once committed, fine
+    assert runner.stream_len(a) == 8
+
+
+def test_rows_and_embeddings_must_fit_their_tree(tiny_llama) -> None:
+    """A logit row past its tree (or negative) read a neighbouring stream's logits; embeddings of the wrong row
+    count were split at the wrong boundaries."""
+    runner = ModelRunner(tiny_llama(0))
+    a, b = runner.new_stream(), runner.new_stream()
+    trees = [StreamTree(a, TokenTree.chain([1, 2, 3])), StreamTree(b, TokenTree.chain([4, 5]))]
+    for rows in ([[3], [0]], [[0], [-1]]):
+        with pytest.raises(ValueError, match="logit_rows of tree"):
+            runner.forward(trees, logit_rows=rows)
+    hidden = runner.model.config.hidden_size
+    wrong = [StreamTree(a, TokenTree.chain([1, 2, 3]), torch.zeros(4, hidden)), trees[1]]
+    with pytest.raises(ValueError, match="tree 0 has 3 nodes but 4 embedding rows"):
+        runner.forward(wrong)
+    assert runner.stream_len(a) == runner.stream_len(b) == 0  # nothing reserved
+
+
 def test_commit_without_forward_raises(tiny_llama) -> None:
     runner = ModelRunner(tiny_llama(0))
     with pytest.raises(RuntimeError):

@@ -464,10 +464,18 @@ class ModelRunner:
         return self.cache.new_stream(fork_of)
 
     def release(self, stream: int) -> None:
+        self._check_settled("release")
         self.cache.release(stream)
 
     def truncate(self, stream: int, length: int) -> None:
+        self._check_settled("truncate")
         self.cache.truncate(stream, length)
+
+    def _check_settled(self, what: str) -> None:
+        """Freeing slots may shift the pending forward's slots down: its commit would then keep slots past the
+        cache's end (the KV of another stream, in silence)."""
+        if self._pending is not None:
+            raise RuntimeError(f"{what}() while a forward is pending: commit() it first")
 
     def stream_len(self, stream: int) -> int:
         return self.cache.length(stream)
@@ -498,6 +506,12 @@ class ModelRunner:
             raise ValueError(f"a stream appears twice in one forward: {[st.stream for st in trees]}")
         if logit_rows is not None and len(logit_rows) != len(trees):
             raise ValueError(f"logit_rows needs one list per tree: got {len(logit_rows)} for {len(trees)} trees")
+        for i, st in enumerate(trees):  # a row past its tree read the next stream's logits, in silence
+            n = len(st.tree)
+            if logit_rows is not None and any(not 0 <= r < n for r in logit_rows[i]):
+                raise ValueError(f"logit_rows of tree {i} must lie in [0, {n}), got {list(logit_rows[i])}")
+            if st.embeds is not None and st.embeds.shape[0] != n:
+                raise ValueError(f"tree {i} has {n} nodes but {st.embeds.shape[0]} embedding rows")
         n_hidden = len(self._layers) + 1
         if hidden_layer is not None and not -n_hidden <= hidden_layer < n_hidden:
             raise ValueError(f"hidden_layer {hidden_layer} is outside the model's {n_hidden} hidden states")
