@@ -33,6 +33,7 @@ def test_greedy_hf_batch_equals_serial_ar(tiny_llama, eos) -> None:
         assert h.finish_reason == a.finish_reason
         assert h.logprobs == pytest.approx(a.logprobs, abs=1e-4)
         assert h.stats.new_tokens == len(h.token_ids) and h.stats.prompt_tokens == len(h.prompt_ids)
+        assert h.stats.verify_steps == a.stats.verify_steps  # the prefill's token is no step (one more before)
 
 
 def test_stop_strings_end_rows_where_spectot_does(tiny_llama) -> None:

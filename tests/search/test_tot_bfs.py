@@ -85,6 +85,15 @@ def test_breadth_two_expands_both_and_final_states_compete() -> None:
     assert backend.seen[4].requests[0].prompt == "G:7,4"
 
 
+def test_a_state_met_again_in_a_level_scores_zero() -> None:
+    """ToT's value cache: b copies of one state filled every slot and the search ran b times over one branch (the
+    '5' branch was lost)."""
+    script = {"G:": ["7", "7", "5"], "G:7": ["1", "4", "2"], "G:5": ["8", "2", "1"], "G:7,4": ["3"], "G:5,8": ["2"]}
+    result = tot_bfs(CountingTask(), Problem("p", "", ""), Policy(ScriptedBackend(script)), BfsConfig(breadth=2))
+    assert result.kept[0] == [("7",), ("5",)]
+    assert [n.value for n in result.levels[0]] == [7.0, 0.0, 5.0]  # evaluated all the same (the seeds stay put)
+
+
 class ChainingBackend(ScriptedBackend):
     """Runs each G request's follow-up right after it, one at a time, as a chaining engine may."""
 
@@ -176,6 +185,10 @@ def test_votes_and_proposals_are_read_as_models_write_them() -> None:
     assert task.parse_vote("Analysis...\nThe best choice is Choice 3", 4) == 2
     assert task.parse_vote("At first the best choice is 1, but on reflection the best choice is 2", 4) == 1
     assert task.parse_vote("The best choice is 5", 4) is None
+    # markdown and quotes around the choice (read as none before: the vote counted for nothing)
+    for text in ("The best choice is **Choice 2**", "The best choice is: Choice 2", 'The best choice is "Choice 2"'):
+        assert task.parse_vote(text, 4) == 1, text
+    assert task.parse_vote("The best choice is: **Choice 3**.", 4) == 2
     proposals = task.parse_proposals(Problem("p", "", ""), (), "Step 1: add\nStep 2: sub\n1. Step: mul\nstep: div")
     assert proposals == ["add", "sub", "mul", "div"]
     assert task.parse_proposals(Problem("p", "", ""), (), "no label\nsecond") == ["no label"]

@@ -92,7 +92,7 @@ class HFBatchedEngine:
                 finish = "stop"
                 break
         stats = DecodeStats(new_tokens=len(tokens), prompt_tokens=len(prompt), target_forwards=steps)
-        stats.verify_steps = len(tokens)
+        stats.verify_steps = max(len(tokens) - 1, 0)  # as spectot counts: the prefill gives the first token
         chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
         return StreamResult(prompt, tokens, finish, stats, chosen)
 

@@ -85,7 +85,9 @@ class _Rounds:
                     batch = list(self.to_draft) if self.batched else [self.to_draft[0]]
                     for _ in batch:
                         self.to_draft.popleft()
-                    policy = self.budget(self.running, self.session.config.sampling) if self.budget else None
+                    running = self.running
+                # off the lock: a stream count's first tree runs Sequoia's DP, and the target hands streams back
+                policy = self.budget(running, self.session.config.sampling) if self.budget else None
                 t = self.rec.now()
                 drafts = self.session.propose(batch, policy)
                 end = self.rec.now()

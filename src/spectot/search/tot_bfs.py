@@ -8,7 +8,8 @@
     return G(p_theta, argmax_{s in S_T} V_T(s), 1)               # the answer of the best state
 
 G samples n thoughts per state (``sample``) or proposes n in one output (``propose``); E scores each
-new state (``value``) or lets ``n_votes`` votes pick among the siblings (``vote``). A state the task
+new state (``value``: a state met again in the level scores 0, as in ToT's code) or lets ``n_votes`` votes pick
+among the siblings (``vote``). A state the task
 calls final is not expanded again but competes with the newer ones. Every level's G (and E) calls go
 to the policy at once, so its backend can schedule them together.
 """
@@ -75,6 +76,17 @@ def select_best(nodes: list[Node], b: int) -> list[Node]:
     return sorted(nodes, key=lambda n: -n.value)[:b]
 
 
+def _zero_repeats(children: list[Node]) -> None:
+    """A state met again in the level is worth 0 (ToT's ``local_value_cache``): b copies of one state filled every
+    slot and the search went on b times over one branch. Every child is still evaluated, so the evaluations' seeds
+    (and a chaining backend's, which evaluates each thought as it ends) do not depend on which ones repeat."""
+    seen: set[State] = set()
+    for c in children:
+        if c.state in seen:
+            c.value = 0.0
+        seen.add(c.state)
+
+
 def tally_votes(votes: list[int | None], n: int) -> list[float]:
     """Votes for each of n choices (unreadable votes count for none)."""
     counts = [0.0] * n
@@ -98,6 +110,8 @@ def tot_bfs(task: Task, problem: Problem, policy: Policy, config: BfsConfig) -> 
         else:
             children = _expand(task, problem, policy, config, open_nodes, t)
             _evaluate(task, problem, policy, config, children, t)
+        if config.evaluation == "value":
+            _zero_repeats(children)
         levels.append(children)
         finished = [n for n in frontier if task.is_final(problem, n.state)]
         selected = select_best(children + finished, config.breadth)

@@ -52,7 +52,8 @@ PROPOSE_PROMPT = (
 
 
 PROPOSAL_LABEL = re.compile(r"(?:\d+[.)]\s*)?step\s*\d*\s*[:.]\s*(.*)", re.IGNORECASE)
-VOTE_CONCLUSION = re.compile(r"best choice is\s*(?:choice\s*)?[^\d\n]{0,3}(\d+)", re.IGNORECASE)
+# "The best choice is 2", "... is Choice 2", "... is: **Choice 2**", '... is "Choice 1"' (markdown and quotes)
+VOTE_CONCLUSION = re.compile(r"best choice is\W{0,6}(?:choice\W{0,3})?(\d+)", re.IGNORECASE)
 
 
 class Task:
