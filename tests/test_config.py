@@ -205,6 +205,40 @@ def test_the_openai_backend_refuses_the_local_models_flags(model, draft, message
         check_solve(*options)
 
 
+@pytest.mark.parametrize(
+    "draft, message",
+    [
+        ({"draft": "ngram", "draft_head": 100}, "--draft-head configure spectot's trained drafts"),
+        ({"draft": "ngram", "lookup": 5, "coupled": False}, "--lookup, --no-coupled configure spectot's trained"),
+        ({"draft": "edd", "ngram_max": 5}, "--ngram-max configure the n-gram draft; --draft edd"),
+        ({"draft": "edd", "draft_head": 100, "lookup": 3}, None),
+        ({"draft": "ngram", "ngram_width": 3}, None),
+    ],
+)
+def test_flags_of_another_kind_of_draft_are_refused(draft, message) -> None:
+    """generate / serve / solve ran the n-gram draft with --draft-head, a trained one with --ngram-max, in silence."""
+    from spectot.config import check_method
+
+    if message is None:
+        check_method("sd", DraftOptions(**draft))
+        return
+    with pytest.raises(ValueError, match=message):
+        check_method("sd", DraftOptions(**draft))
+
+
+def test_a_draftless_engine_refuses_draft_flags() -> None:
+    """solve --engine ar --num-draft-tokens 9 was accepted and read nothing."""
+    options = (
+        SearchOptions(),
+        DraftOptions(num_draft_tokens=9),
+        SolveOptions(engine="ar"),
+        TreeSearchOptions(),
+        BackendOptions(),
+    )
+    with pytest.raises(ValueError, match="--num-draft-tokens shape speculative decoding; --engine ar"):
+        check_solve(*options)
+
+
 def test_output_paths_that_could_not_be_written_are_refused_before_the_work(tmp_path: Path) -> None:
     """A --trace under a file, or a folder as --out, failed after the whole run (its results lost)."""
     from spectot.config import TraceOptions, TreeProfileOptions

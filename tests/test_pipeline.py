@@ -120,3 +120,14 @@ def test_the_python_api_refuses_what_it_would_run_as_something_else(tiny_checkpo
     # one stop string given bare is one stop string (it stopped at each of its characters)
     bare, wrapped = (pipe.generate(["w1 w2"], max_new_tokens=8, method="ar", stop=s)[0] for s in ("w9 w9", ("w9 w9",)))
     assert bare.text == wrapped.text
+
+
+def test_a_trained_draft_folder_named_with_a_tilde_is_found(tmp_path, monkeypatch) -> None:
+    """is_draft_decoder expanded '~', draft_decoder_folder did not: --draft=~/edd passed every check, then the
+    folder was loaded as a model ('has no config.json')."""
+    from spectot.pipeline import draft_decoder_folder
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "edd").mkdir()
+    (tmp_path / "edd" / "draft.json").write_text("{}")
+    assert draft_decoder_folder("~/edd", "smollm2-135m") == tmp_path / "edd"

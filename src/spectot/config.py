@@ -1119,6 +1119,11 @@ def check_solve(
                 f"--engine {options.engine} decodes without a draft, so --draft {draft.draft} would be unused: "
                 "pick a drafting engine (sd, mcsd, batched-sd, seed, seed-batched, continuous-sd)"
             )
+        if options.engine in DRAFTLESS_ENGINES:
+            shaping = [f.name for f in fields(draft) if f.name != "draft"]
+            _refuse_unread(_set(draft, *shaping), f"shape speculative decoding; --engine {options.engine}")
+        else:
+            check_draft_kind(draft)
         if backend.backend != "local" or backend.base_url:
             raise ValueError(
                 "--backend openai / --base-url serve the tree searches (--search rebase, ets, rstar, rest-mcts); "
@@ -1187,11 +1192,30 @@ def check_method(method: str, draft: DraftOptions) -> None:
     """--method ar decodes without a draft: a draft or draft flags given with it (serve and generate once ran plain
     decoding under them in silence) are refused."""
     if method != "ar":
+        check_draft_kind(draft)
         return
     if draft.draft not in ("none", "ngram"):
         raise ValueError(f"--draft {draft.draft} drafts for --method sd; with --method ar it would be unused")
     shaping = [f.name for f in fields(draft) if f.name != "draft"]
     _refuse_unread(_set(draft, *shaping), "shape speculative decoding (--method sd); --method ar")
+
+
+NGRAM_FLAGS = ("ngram_max", "ngram_min", "ngram_width")  # read by the n-gram draft only
+DRAFT_DECODER_FLAGS = ("draft_head", "lookup", "coupled", "tree_children", "draft_width")  # by edd / vdm / trained
+
+
+def check_draft_kind(draft: DraftOptions) -> None:
+    """Flags of another kind of draft than --draft's, refused (the n-gram draft ran with --draft-head, a trained
+    draft with --ngram-max, in silence)."""
+    if draft.draft == "none":
+        return
+    if draft.draft != "ngram":
+        _refuse_unread(_set(draft, *NGRAM_FLAGS), f"configure the n-gram draft; --draft {draft.draft}")
+    if not is_draft_decoder(draft.draft):
+        _refuse_unread(
+            _set(draft, *DRAFT_DECODER_FLAGS),
+            f"configure spectot's trained drafts (edd, vdm, a train-draft folder); --draft {draft.draft}",
+        )
 
 
 def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, tree: TreeSearchOptions | None) -> None:

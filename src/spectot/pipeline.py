@@ -152,7 +152,7 @@ def draft_decoder_folder(draft: str, target: str) -> Path | None:
                 f"`spectot train-draft --target {target} --kind {draft} --corpus ...` and pass its folder as --draft"
             )
         return folder
-    path = Path(draft)
+    path = Path(draft).expanduser()  # as is_draft_decoder reads it: --draft=~/edd was taken for a model
     return path if (path / "draft.json").is_file() else None
 
 

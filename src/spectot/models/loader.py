@@ -170,7 +170,8 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
             else "is the id right (a missing or gated repository), or a local folder mistyped?"
         )
         raise ModelLoadError(
-            f"could not load '{name_or_path}' from the Hugging Face hub ({type(err).__name__}: {err}); {offline}"
+            f"could not load '{name_or_path}' from the Hugging Face hub ({type(err).__name__}: {err}; there is no "
+            f"local folder of that name either); {offline}"
         ) from err
     max_context = check_architecture(config)
     cure = (
