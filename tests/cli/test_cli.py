@@ -208,6 +208,10 @@ def test_generate_out_appends_batches_and_resumes_after_a_kill(capsys, checkpoin
     code, _, err = run(capsys, *argv, "--temperature", "1.0")
     assert code == 2 and "holds generations of another setup (sampling differ" in err
     assert out.read_text() == full[0] + "\n"
+    for torn in ("garbage", "[1]"):  # a bare parser message, and an AttributeError traceback, before
+        Path(str(out) + ".run.json").write_text(torn)
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "out.jsonl.run.json: not the setup `spectot generate` writes" in err
 
 
 def test_generate_out_refuses_another_jobs_file(capsys, checkpoint, tmp_path) -> None:

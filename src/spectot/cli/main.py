@@ -409,7 +409,12 @@ def _check_generation_run(out: str, model, sampling, options, draft, done: int) 
     }
     record = Path(out + ".run.json")
     if done and record.exists():
-        before = json.loads(record.read_text())
+        try:
+            before = json.loads(record.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            before = err
+        if not isinstance(before, dict):  # torn, or not ours: named, not a bare parser message or a traceback
+            raise ValueError(f"{record}: not the setup `spectot generate` writes; write to another --out")
         differ = sorted(k for k in run if json.loads(json.dumps(run[k])) != before.get(k))
         if differ:
             raise ValueError(
@@ -417,7 +422,9 @@ def _check_generation_run(out: str, model, sampling, options, draft, done: int) 
                 "with the same flags, or write to another --out"
             )
     elif not done:
-        record.write_text(json.dumps(run, indent=1))
+        partial = record.with_name(record.name + ".partial")  # a kill mid-write leaves no torn setup
+        partial.write_text(json.dumps(run, indent=1))
+        partial.replace(record)
 
 
 def _append_outputs(path: str, done: int, total: int) -> Callable[[list], None]:
