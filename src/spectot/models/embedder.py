@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from spectot.models.loader import ModelLoadError, hub_cached, hub_reachable, resolve_checkpoint
+from spectot.models.loader import ModelLoadError, hub_cached, hub_reachable, resolve_checkpoint, resolve_device
 from spectot.models.registry import find_alias
 
 
@@ -46,7 +46,11 @@ class TextEmbedder:
                 return_tensors="pt",
             ).to(self.model.device)
             if batch["input_ids"].shape[1] == 0:  # only empty texts and no special tokens: nothing to run
-                rows.append(torch.zeros(batch["input_ids"].shape[0], int(self.model.config.hidden_size)))
+                rows.append(
+                    torch.zeros(
+                        batch["input_ids"].shape[0], int(self.model.config.hidden_size), device=self.model.device
+                    )
+                )
                 continue
             with torch.inference_mode():
                 hidden = self.model(**batch).last_hidden_state.float()  # (b, L, H)
@@ -61,6 +65,7 @@ def load_embedder(name_or_path: str, device: str = "cpu", batch_size: int = 32) 
     """A ``TextEmbedder`` over the checkpoint's base model (a causal LM's decoder stack works too)."""
     from transformers import AutoModel, AutoTokenizer
 
+    device = resolve_device(device)  # 'auto' too, as the target's --device
     source = resolve_checkpoint(name_or_path)
     if isinstance(source, str) and not hub_cached(source) and not hub_reachable():
         raise ModelLoadError(
