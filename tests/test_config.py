@@ -54,6 +54,7 @@ from spectot.config import (
         (lambda: TreeSequoiaOptions(acceptance="0.6,0.2", budget=100_000), r"--budget must be in \[1, 1024\]"),
         (lambda: TreeSequoiaOptions(acceptance="0.6,0.2", streams=4), "pass --profile with it"),  # was ignored
         (lambda: SamplingOptions(stop=("",)), "--stop '' would stop before the first token"),
+        (lambda: SamplingOptions(top_p=0.5), "--temperature 0 decodes greedily"),  # greedy read no top-p
         (lambda: ModelOptions(threads=99_999), "--threads must be in"),
         (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="garbage"), "neither a file"),
         (lambda: DraftOptions(draft="edd", tree="sequoia", acceptance="0.9,0.9"), "summing to <= 1"),

@@ -320,6 +320,8 @@ class SamplingOptions:
             raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
         if "" in self.stop:
             raise ValueError("--stop '' would stop before the first token: give each stop string some text")
+        if self.temperature == 0 and (self.top_k or self.top_p < 1):  # greedy decoding reads neither
+            raise ValueError("--top-k / --top-p shape sampling; --temperature 0 decodes greedily: give a temperature")
 
 
 @dataclass(frozen=True)
@@ -1198,6 +1200,16 @@ def check_method(method: str, draft: DraftOptions) -> None:
         raise ValueError(f"--draft {draft.draft} drafts for --method sd; with --method ar it would be unused")
     shaping = [f.name for f in fields(draft) if f.name != "draft"]
     _refuse_unread(_set(draft, *shaping), "shape speculative decoding (--method sd); --method ar")
+
+
+def check_tree_tool(command: str, draft: DraftOptions) -> None:
+    """`tree measure` drafts a star of --width and `tree profile` a chain, whatever the shaping flags say: given, they
+    were overridden in silence."""
+    shaping = ("tree", "k_config", "specinfer", "tree_budget", "tree_depth", "acceptance", "pct_threshold")
+    _refuse_set(
+        _set(draft, *shaping, "adaptive_k", "lookup", "num_draft_tokens"),
+        f"tree {command} drafts a shape of its own ({'a star of --width' if command == 'measure' else 'chains'})",
+    )
 
 
 NGRAM_FLAGS = ("ngram_max", "ngram_min", "ngram_width")  # read by the n-gram draft only

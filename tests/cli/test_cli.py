@@ -263,6 +263,12 @@ def test_tree_measure_refuses_what_would_measure_nothing(capsys, checkpoint, tmp
     assert code != 0 and "drafts a chain" in err
     code, _, err = run(capsys, *argv, "--field", "q", "--draft", "edd", "--offset", "5")
     assert code != 0 and "no prompts from --offset 5" in err
+    # shaping flags the tools override (a star of --width, chains) were taken and ignored
+    code, _, err = run(capsys, *argv, "--field", "q", "--draft", "edd", "--tree", "sequoia", "--acceptance", "0.5")
+    assert code != 0 and "--tree, --acceptance: tree measure drafts a shape of its own" in err
+    profile = ["tree", "profile", "--target", str(checkpoint), "--draft", "edd", "--tree", "pct"]
+    code, _, err = run(capsys, *profile)
+    assert code != 0 and "--tree: tree profile drafts a shape of its own (chains)" in err
 
 
 def test_verbose_is_taken_after_the_subcommand_too() -> None:

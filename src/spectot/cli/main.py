@@ -12,6 +12,7 @@ from pathlib import Path
 
 from spectot.cli.flags import add_flags, from_flags
 from spectot.config import (
+    check_tree_tool,
     BackendOptions,
     BenchSpexOptions,
     ServeOptions,
@@ -451,6 +452,7 @@ def _tree_tool(args: argparse.Namespace) -> int:
     model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
     if draft.draft in ("none", "ngram"):
         raise ValueError("tree measure/profile need a model draft with probabilities: --draft edd, vdm or a folder")
+    check_tree_tool(args.tree_command, draft)
     if args.tree_command == "measure":
         options = from_flags(args, TreeMeasureOptions)
         if not is_draft_decoder(draft.draft):
