@@ -128,6 +128,15 @@ def test_an_interrupted_solve_resumes_where_it_stopped(tiny_checkpoint, tmp_path
     assert [{k: json.loads(x)[k] for k in keep} for x in cut.read_text().splitlines()] == [
         {k: json.loads(x)[k] for k in keep} for x in lines
     ]
+    import spectot.pipeline
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("every problem was resumed: nothing to load the model for")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spectot.pipeline.Pipeline, "from_options", no_load)
+        done = run_solve(model, DraftOptions(draft="none"), search, options)
+    assert done.summary()["resumed"] == 3 and done.records == []
     with pytest.raises(DataError, match=r"another setup \(SearchOptions differ"):
         run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=3), options)
     (tmp_path / "cut.jsonl.run.json").unlink()

@@ -131,6 +131,9 @@ def run_solve(
     setup = run_setup(model, draft, search, options)  # before the model loads: a refused resume costs nothing
     resumed, problems, write = resume_problems(options.json, setup, options.resume, problems)
     costs = read_profile(options.profile) if options.profile else None
+    if not problems:  # all resumed: nothing to load the model for
+        log.info("every problem has its record in %s already", options.json)
+        return SolveRun(resumed=resumed)
     if pipe is None:
         pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
     if in_flight < 1:
