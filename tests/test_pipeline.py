@@ -120,6 +120,10 @@ def test_the_python_api_refuses_what_it_would_run_as_something_else(tiny_checkpo
     # one stop string given bare is one stop string (it stopped at each of its characters)
     bare, wrapped = (pipe.generate(["w1 w2"], max_new_tokens=8, method="ar", stop=s)[0] for s in ("w9 w9", ("w9 w9",)))
     assert bare.text == wrapped.text
+    # the defaults work together: a pipeline without a draft decodes plainly (it raised, method 'sd' needing a
+    # draft), and stop=None is no stop string (a TypeError)
+    plain = pipe.generate("w1 w2", max_new_tokens=4, stop=None)[0]
+    assert plain.text == pipe.generate("w1 w2", max_new_tokens=4, method="ar")[0].text
 
 
 def test_a_trained_draft_folder_named_with_a_tilde_is_found(tmp_path, monkeypatch) -> None:

@@ -236,9 +236,9 @@ class Pipeline:
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
-        method: Method = "sd",
+        method: Method | None = None,  # None: sd with the pipeline's draft, ar without one
         num_draft_tokens: int = 5,
-        stop: Sequence[str] = (),
+        stop: Sequence[str] | None = (),
         seed: int = 0,
         batch_size: int = 1,
         on_batch: Callable[[list[Generation]], None] | None = None,
@@ -249,6 +249,8 @@ class Pipeline:
         ``prompt_seeds(seed, first_index + i)`` (``first_index``: where ``prompts`` start in the job's list), so
         its samples do not depend on the batch size or the point a run resumed from."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        method = method or ("ar" if self.proposer is None else "sd")
+        stop = () if stop is None else stop
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if method == "sd" and self.proposer is None:
