@@ -294,3 +294,13 @@ def test_bench_trees_compares_the_trained_drafts_trees_by_default() -> None:
     check_bench("trees", DraftOptions(draft=args.draft), None, None)
     assert parser.parse_args(["bench", "trees", "--draft", "vdm"]).draft == "vdm"
     assert parser.parse_args(["bench", "tot"]).draft == "ngram"  # the other commands keep theirs
+
+
+def test_a_tree_search_resume_of_another_setup_is_refused_before_the_model_loads(capsys, tmp_path) -> None:
+    """The tree searches built the backend (loading the model) before run_tree_solve checked the records' setup."""
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"id": "1"}\n')
+    (tmp_path / "r.jsonl.run.json").write_text('{"SearchOptions": {}}')
+    argv = ["solve", "--search", "rebase", "--target", str(tmp_path / "no-model"), "--json", str(out), "--resume"]
+    code, _, err = run(capsys, *argv, "--limit", "1")
+    assert code != 0 and "holds the records of another setup" in err  # not the missing model

@@ -252,7 +252,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
     from spectot.bench.progress import progress_bar
     from spectot.cli.tables import tree_solve_table
     from spectot.tasks.registry import load_problems, make_task
-    from spectot.solve import run_setup
+    from spectot.solve import resume_problems, run_setup
     from spectot.tree_solve import make_backend, make_embedder, run_tree_solve
 
     model, draft = from_flags(args, ModelOptions), from_flags(args, DraftOptions)
@@ -260,6 +260,9 @@ def _tree_solve(args: argparse.Namespace) -> int:
     tree, backend_options = from_flags(args, TreeSearchOptions), from_flags(args, BackendOptions)
     problems = load_problems(options.task, options.data, options.limit, options.offset, search.seed)  # before the model
     make_task(options.task, search.depth, options.prompt_pool).check_problems(problems)  # before the model too
+    setup = run_setup(model, draft, backend_options)
+    if options.json and options.resume:  # a resume of another setup is refused before the model loads
+        resume_problems(options.json, run_setup(search, tree, options, **setup), True, problems)
     embed = make_embedder(search, tree, model.device)
     backend = make_backend(model, draft, backend_options, tree=tree)
     with progress_bar() as bar:
@@ -272,7 +275,6 @@ def _tree_solve(args: argparse.Namespace) -> int:
                 f"{record['expansions']} expansions, answer {record['answer'][:40]!r}"
             )
 
-        setup = run_setup(model, draft, backend_options)
         run = run_tree_solve(search, tree, options, backend, report, problems=problems, embed=embed, setup=setup)
     title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
     Console().print(tree_solve_table(run.summary(), title))
