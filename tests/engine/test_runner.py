@@ -377,6 +377,25 @@ def test_freeing_slots_while_a_forward_is_pending_raises(tiny_llama) -> None:
     assert runner.stream_len(a) == 8
 
 
+def test_an_error_after_the_forward_leaves_nothing_pending(tiny_llama, monkeypatch) -> None:
+    """The host copy of the logits is where a device error or a Ctrl-C surfaces: raised after the forward was
+    marked pending, every cleanup's release then failed ('release() while a forward is pending'), hiding it."""
+    import spectot.engine.runner as runner_module
+
+    runner = ModelRunner(tiny_llama(0))
+    a, b = runner.new_stream(), runner.new_stream()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner_module, "ForwardOutput", interrupted)
+    trees = [StreamTree(a, TokenTree.chain([1, 2, 3])), StreamTree(b, TokenTree.chain([4, 5]))]
+    with pytest.raises(KeyboardInterrupt):
+        runner.forward(trees)
+    runner.release(a)  # cleanup works: nothing pending, no slot held
+    assert runner.stream_len(b) == 0 and runner.cache.used == 0
+
+
 def test_rows_and_embeddings_must_fit_their_tree(tiny_llama) -> None:
     """A logit row past its tree (or negative) read a neighbouring stream's logits; embeddings of the wrong row
     count were split at the wrong boundaries."""

@@ -208,9 +208,14 @@ def test_a_gguf_file_or_a_folder_of_one_is_converted_once(tmp_path, monkeypatch)
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "model.Q4.gguf").write_bytes(b"GGUF" + b"\0" * 12)
-    assert loader.resolve_checkpoint(str(folder / "model.Q4.gguf")) == tmp_path / "home/models/gguf-model.Q4-16"
-    assert loader.resolve_checkpoint(str(folder)) == tmp_path / "home/models/gguf-model.Q4-16"
+    cached = loader.resolve_checkpoint(str(folder / "model.Q4.gguf"))
+    assert cached.parent == tmp_path / "home/models" and cached.name.startswith("gguf-model.Q4-")
+    assert loader.resolve_checkpoint(str(folder)) == cached
     assert [g for g, _ in converted] == [folder / "model.Q4.gguf"] * 2
+    twin = tmp_path / "n"  # the same name and size elsewhere (two same-quant fine-tunes): its own folder
+    twin.mkdir()
+    (twin / "model.Q4.gguf").write_bytes(b"GGUF" + b"\1" * 12)
+    assert loader.resolve_checkpoint(str(twin / "model.Q4.gguf")) != cached
     (folder / "other.gguf").write_bytes(b"GGUF")
     with pytest.raises(ModelLoadError, match="no config.json and 2 GGUF files \\(pass one\\)"):
         loader.resolve_checkpoint(str(folder))

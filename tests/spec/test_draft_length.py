@@ -105,6 +105,11 @@ def test_runners_up_past_the_measured_vector_are_not_the_last_ones_again() -> No
     length = DraftLength(curve, 0.01, priors={0.0: 0.3}, max_width=8, runner_up_priors={0.0: [0.2]}, optimism=0.0)
     assert length.runner_up_priors[0.0][0] == 0.2 and max(length.runner_up_priors[0.0][1:]) <= 1e-3
     assert length.choose_tree(GREEDY, 4)[1] <= 2
+    # no vector measured (the VDM, a train-draft folder): the default guess stands for every rank, so wide fans
+    # stay possible and get observed (padded near 0 they were never drafted, never observed)
+    rows = lambda n: 1.0 + 0.005 * (n - 1)  # noqa: E731  (a row costs more than 1e-3 of a token is worth)
+    unmeasured = DraftLength(rows, 0.05, priors={0.0: 0.7}, max_width=4)
+    assert unmeasured.choose_tree(GREEDY, 8) == (8, 4)
 
 
 def test_draft_length_keeps_an_estimate_per_sampling_and_uses_the_nearest_prior() -> None:

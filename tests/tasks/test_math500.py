@@ -114,6 +114,9 @@ def test_extract_boxed(text: str, inside: str | None) -> None:
         ("58,500", "58{,}500"),
         ("\\{2,1\\}", "\\{1,2\\}"),
         ("x=1 \\text{ or } x=2", "1,2"),
+        ("1+i,1-i", "1 \\pm i"),  # before a letter (spaces went first: "\\pmi")
+        ("0,2,-2", "0, \\pm 2"),  # one item of a list
+        ("\\{1,0,-1\\}", "\\{0,\\pm1\\}"),
         # matrices entry by entry, whatever the environment or the entries' spelling
         (
             "\\begin{pmatrix} \\frac{-1}{3} \\\\ \\frac23 \\end{pmatrix}",
@@ -159,6 +162,8 @@ def test_equivalent_pairs(pred: str, gold: str) -> None:
         ("0=0", "1=1"),
         ("\\{1,2\\}", "\\{1,3\\}"),
         ("1+\\sqrt{19}", "1 \\pm \\sqrt{19}"),
+        ("0,0,2,-2", "0, \\pm 2"),  # the other items were repeated
+        ("10x-14y+22z+8=0", "5x - 7y + 11z + 4 = 0"),  # a multiple: not the form asked for
         # words are not products of letters
         ("\\text{seat}", "\\text{east}"),
         ("no", "on"),
@@ -241,6 +246,9 @@ def test_the_vote_groups_fractions_by_value_whatever_the_leaf_order() -> None:
     # 6/4 and \frac64 are the same value too (only braced \frac was reduced: 3/2's weight was split and 7 won)
     order, weights = ["6/4", "\\frac{3}{2}", "\\frac64", "7"], [0.9, 0.5, 0.5, 1.5]
     assert weighted_vote(order, weights, task.same_answer)[0].weight == pytest.approx(1.9)
+    # a slash after a decimal point or a power is no integer fraction: 0.25/5 is not 0.5, x^2/4 not x^{1/2}
+    assert not task.same_answer("0.25/5", "0.5") and not task.same_answer("x^2/4", "x^{1/2}")
+    assert task.same_answer("2^3/4", "2") and task.same_answer("1.5/3", "0.5")
 
 
 def test_prompts_hold_question_and_steps() -> None:

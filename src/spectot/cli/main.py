@@ -239,7 +239,7 @@ def _solve(args: argparse.Namespace) -> int:
             model, draft, search, options, report, in_flight=from_flags(args, TreeSearchOptions).queries_in_flight
         )
     summary = run.summary()
-    if options.trace:
+    if options.trace and run.timeline is not None:  # none when every problem was resumed
         console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")
     drafted = "no draft" if options.engine in DRAFTLESS_ENGINES else f"draft {draft.draft}"
     Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / {drafted}"))

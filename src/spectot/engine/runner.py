@@ -533,14 +533,18 @@ class ModelRunner:
             self.cache.drop_tail(start, check=False)
             raise
         self._pending = _Pending(start, offsets, list(trees))
-        logits = logits.float().cpu()  # host sync: sampling and verification run on the host
-        per_stream = (
-            [logits]
-            if len(trees) == 1
-            else list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
-        )
-        hidden_out = None if hidden is None else list(hidden.split(sizes))
-        return ForwardOutput(per_stream, hidden_out)
+        try:  # the host copy is where a device error (or a Ctrl-C) surfaces: nothing is left pending then
+            logits = logits.float().cpu()  # host sync: sampling and verification run on the host
+            per_stream = (
+                [logits]
+                if len(trees) == 1
+                else list(logits.split(sizes if logit_rows is None else [len(rs) for rs in logit_rows]))
+            )
+            hidden_out = None if hidden is None else list(hidden.split(sizes))
+            return ForwardOutput(per_stream, hidden_out)
+        except BaseException:
+            self.abort()
+            raise
 
     def _forward_reserved(
         self,

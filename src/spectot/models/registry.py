@@ -74,8 +74,13 @@ def materialize_alias(alias: Alias, home: Path | None = None) -> Path:
 
 
 def gguf_cache_path(gguf: Path, home: Path | None = None) -> Path:
-    """Where a GGUF file passed by path is kept converted: its name and size (a new file gets a new folder)."""
-    return (home or spectot_home()) / "models" / f"gguf-{gguf.stem}-{gguf.stat().st_size}"
+    """Where a GGUF file passed by path is kept converted: its name and a digest of its place, size and time (two
+    files of one name and size — same-quant fine-tunes — get their own folders; a file replaced, a new one)."""
+    import hashlib
+
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    return (home or spectot_home()) / "models" / f"gguf-{gguf.stem}-{hashlib.blake2b(key, digest_size=6).hexdigest()}"
 
 
 def convert_gguf(gguf: Path, out: Path, cure: str = "is the file complete?") -> Path:

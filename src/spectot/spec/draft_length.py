@@ -273,9 +273,12 @@ class DraftLength:
         self.runner_up_priors = {t: tuple(v) for t, v in (runner_up_priors or {0.0: [0.05]}).items() if len(v)}
         if not self.runner_up_priors or not all(0.0 <= p <= 1.0 for v in self.runner_up_priors.values() for p in v):
             raise ValueError(f"runner-up acceptance priors must be probabilities, got {runner_up_priors}")
-        # ranks past the measured vector: MIN_PRIOR, as Sequoia's DP reads them (0), not the last rank's again
+        # ranks past a measured vector: MIN_PRIOR, as Sequoia's DP reads them (0), not the last rank's again; the
+        # default guess (no vector measured) stands for every rank (ranks priced near 0 are never drafted, so
+        # never observed: a draft without acceptance.json could never fan past 2)
+        pad = runner_up_priors is not None
         self.runner_up_priors = {
-            t: tuple(max(p, MIN_PRIOR) for p in v) + (MIN_PRIOR,) * (max_width - 1 - len(v))
+            t: tuple(max(p, MIN_PRIOR) for p in v) + (MIN_PRIOR,) * (max_width - 1 - len(v) if pad else 0)
             for t, v in self.runner_up_priors.items()
         }
         self.runners_up: dict[SamplingParams, AcceptanceEstimate] = {}  # P_r, r = 2.. (position i: rank i + 1)

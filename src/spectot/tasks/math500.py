@@ -11,7 +11,7 @@ stripped, ...), then compared element-wise as tuples / intervals, then exactly w
 small LaTeX -> sympy converter written here (``sympy.parsing.latex`` needs antlr, which we do not
 require). As in PRM800K's ``grade_answer``, nothing is equal "up to a tolerance": decimals are read
 as exact rationals (0.3333333 is not 1/3), two integer fractions must be written alike (4/8 is not
-the answer 1/2), two equations must have the same solutions (L_a - R_a a nonzero constant times L_b - R_b), and
+the answer 1/2), two equations must be one rearranged (L_a - R_a = +-(L_b - R_b)), and
 any other pair must satisfy ``simplify(a - b) == 0``. A ``\\pm`` answer lists its two roots; sets (``\\{1,2\\}``)
 and bare lists compare in any order. Words compare as strings, case-insensitively. sympy is imported lazily;
 without it only the string comparison runs.
@@ -59,6 +59,7 @@ TEXT_UNITS = re.compile(
 )
 WORD = re.compile(r"[A-Za-z]{2,}")
 PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
+PM_MARK = "\x00"  # a \pm while an answer is normalised
 # A matrix or vector: its environment, an optional column spec (array's {cc}), the rows.
 MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix|array)\}\s*(?:\{[lcr| ]*\})?(.*)\\end\{\1\}", re.DOTALL)
 # The largest exponent sympy may meet, the exponents of nested powers multiplied ((2^{10})^{3} has 30):
@@ -150,15 +151,29 @@ def normalize_answer(answer: str) -> str:
     s = re.sub(r"\s*\.\s*$", "", s).strip()
     s = _strip_short_lhs(s)
     s = _fix_sqrt(_fix_fracs(s))
+    s = PLUS_MINUS.sub(PM_MARK, s)  # before the spaces go: "1 \pm i" must not read as "\pmi"
     s = s.replace(" ", "")
     if THOUSANDS.fullmatch(s):
         s = s.replace(",", "")
     s = re.sub(r"(^|[^\d])\.(\d)", r"\g<1>0.\2", s)
     s = _fix_a_slash_b(s)
     s = re.sub(r"^\(([A-Ea-e])\)$", r"\1", s)
-    if len(PLUS_MINUS.findall(s)) == 1:  # 1 \pm \sqrt{19}: the two roots, as "1+\sqrt{19},1-\sqrt{19}" lists them
-        s = PLUS_MINUS.sub("+", s) + "," + PLUS_MINUS.sub("-", s)
+    if PM_MARK in s:  # 1 \pm \sqrt{19}: the two roots, as "1+\sqrt{19},1-\sqrt{19}" lists them, item by item
+        s = _expand_plus_minus(s)
     return s.lower() if WORD.fullmatch(s) else s  # "East" answers "east"; one letter keeps its case
+
+
+def _expand_plus_minus(s: str) -> str:
+    """Each top-level item with one \\pm becomes its two values ("0,\\pm2" -> "0,+2,-2"); an item of several keeps
+    its \\pm (2^k combinations are no answer anyone writes)."""
+    opening, items, closing = _split_sequence(s) or ("", [s], "")  # a set {0, \pm 1} keeps its braces
+    out = []
+    for item in items:
+        if item.count(PM_MARK) == 1:
+            out += [item.replace(PM_MARK, "+"), item.replace(PM_MARK, "-")]
+        else:
+            out.append(item.replace(PM_MARK, "\\pm"))
+    return opening + ",".join(out) + closing
 
 
 def _unboxed(s: str) -> str:
@@ -225,7 +240,7 @@ def same_value(a: str, b: str) -> bool:
 def _reduced_fractions(answer: str) -> str:
     """Every integer fraction in lowest terms: '\\frac{6}{4}', '\\dfrac64' and '6/4' -> '\\frac{3}{2}', '\\frac{4}{2}' -> '2'."""
     answer = _fix_fracs(re.sub(r"\\[dt]frac", r"\\frac", answer))
-    answer = re.sub(r"(?<![\w}])(-?\d+)\s*/\s*(-?\d+)(?![\w{])", r"\\frac{\1}{\2}", answer)
+    answer = re.sub(r"(?<![\w}.^_])(-?\d+)\s*/\s*(-?\d+)(?![\w{.^])", r"\\frac{\1}{\2}", answer)
 
     def reduce(match: re.Match) -> str:
         num, den = int(match[1]), int(match[2])
@@ -325,16 +340,15 @@ def _symbolically_equal(a: str, b: str) -> bool:
 
 
 def _equations_equal(a: str, b: str) -> bool:
-    """Two equations L_a = R_a and L_b = R_b with the same solutions because L_a - R_a = k (L_b - R_b) for a
-    nonzero constant k: 5x - 7y + 11z = -4 answers 5x - 7y + 11z + 4 = 0, and so does -5x + 7y - 11z - 4 = 0."""
-    import sympy
-
+    """Two equations L_a = R_a and L_b = R_b that are one equation rearranged: L_a - R_a = +-(L_b - R_b).
+    5x - 7y + 11z = -4 answers 5x - 7y + 11z + 4 = 0, and so does -5x + 7y - 11z - 4 = 0; a multiple
+    (10x - 14y + 22z + 8 = 0) does not, as an unreduced fraction does not (the problem asks for a form)."""
     sides = [latex_to_sympy(side) for side in (*a.split("="), *b.split("="))]
     if any(side is None for side in sides):
         return False
+    left, right = sides[0] - sides[1], sides[2] - sides[3]
     try:
-        ratio = sympy.simplify(((sides[0] - sides[1]) / (sides[2] - sides[3])).doit())
-        return bool(ratio.is_number and ratio.is_finite and ratio != 0)
+        return any(_close_everywhere(left, k * right) and _difference_is_zero(left, k * right) for k in (1, -1))
     except (TypeError, ValueError, ArithmeticError):
         return False
 
