@@ -227,6 +227,24 @@ def test_flags_of_another_kind_of_draft_are_refused(draft, message) -> None:
         check_method("sd", DraftOptions(**draft))
 
 
+def test_spex_tau_is_a_flag_of_spex() -> None:
+    """The allocation's tau had no flag (always 1): now --tau, refused where nothing speculates, reaching the run."""
+    from spectot.tree_solve import explore_config
+
+    assert explore_config(TreeSearchOptions(explore="spex", tau=0.5)).tau == 0.5
+    with pytest.raises(ValueError, match="--tau must be >= 0"):
+        TreeSearchOptions(tau=-1.0)
+    options = (
+        SearchOptions(search="rebase"),
+        DraftOptions(),
+        SolveOptions(),
+        TreeSearchOptions(tau=2.0),
+        BackendOptions(),
+    )
+    with pytest.raises(ValueError, match="--tau configure SPEX's speculation"):
+        check_solve(*options)
+
+
 def test_a_draftless_engine_refuses_draft_flags() -> None:
     """solve --engine ar --num-draft-tokens 9 was accepted and read nothing."""
     options = (

@@ -785,6 +785,10 @@ class TreeSearchOptions:
         default=8, **opt("SPEX: expansions in flight over all queries, primary + speculative (bench spex measures it)")
     )
     lookahead: int = field(default=2, **opt("SPEX BFS: layers expanded ahead"))
+    tau: float = field(
+        default=1.0,
+        **opt("SPEX: softmax temperature of the inter-query budget, k_q ~ softmax(tau score)_q (0: an even split)"),
+    )
     budget_wakeup: bool = field(
         default=False,
         **opt(
@@ -841,7 +845,10 @@ class TreeSearchOptions:
             lambda_kv=self.lambda_kv,
             lambda_cov=self.lambda_cov,
             alpha=self.alpha,
+            tau=self.tau,
         )
+        if self.tau < 0:
+            raise ValueError(f"--tau must be >= 0 (a negative tau favours the worst queries), got {self.tau}")
         if self.k_total < 0 or self.lookahead < 0 or self.fill_rows < 0 or self.balance_temperature <= 0:
             raise ValueError("--k-total, --lookahead and --fill-rows must be >= 0, --balance-temperature > 0")
         if self.lambda_kv < 0 or self.lambda_cov < 0 or self.alpha < 0:
@@ -1161,7 +1168,15 @@ def check_solve(
     if tree.explore == "none":
         _refuse_unread(
             _set(
-                tree, "k_total", "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup"
+                tree,
+                "k_total",
+                "lookahead",
+                "tau",
+                "retract",
+                "fill_rows",
+                "sd_requests",
+                "dfs_speculation",
+                "budget_wakeup",
             ),
             "configure SPEX's speculation; without --explore spex the search",
         )
@@ -1255,7 +1270,7 @@ def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, t
 # the tree searches' own flags (TreeSearchOptions' fields that tot-bfs does not read)
 TREE_SEARCH_FLAGS = (
     "budget", "balance_temperature", "max_children", "rest_children", "lambda_kv", "lambda_cov", "reward", "k_total",
-    "lookahead", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup",
+    "lookahead", "tau", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup",
 )  # fmt: skip
 
 

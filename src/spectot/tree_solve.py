@@ -102,6 +102,7 @@ def explore_config(tree: TreeSearchOptions) -> ExploreConfig:
         tree.k_total,
         tree.lookahead,
         tree.retract,
+        tau=tree.tau,
         wake_up=tree.budget_wakeup,
         early_stop=tree.early_stop,
         min_answers=tree.min_answers,
