@@ -135,3 +135,9 @@ def test_a_trained_draft_folder_named_with_a_tilde_is_found(tmp_path, monkeypatc
     (tmp_path / "edd").mkdir()
     (tmp_path / "edd" / "draft.json").write_text("{}")
     assert draft_decoder_folder("~/edd", "smollm2-135m") == tmp_path / "edd"
+
+
+def test_the_load_shortcut_takes_the_device_and_the_prefix_cache(tiny_checkpoint) -> None:
+    """Pipeline.load took neither: on a GPU machine it always ran on CUDA, with the default prefix cache."""
+    pipe = Pipeline.load(str(tiny_checkpoint), dtype="fp32", kernels="torch", device="cpu", prefix_cache=0)
+    assert pipe.target.model.device.type == "cpu" and pipe.decoder.prefix_cache.max_tokens == 0

@@ -191,10 +191,21 @@ class Pipeline:
         ngram_max: int = 3,
         ngram_min: int = 1,
         adaptive_k: bool = True,
+        device: str = "auto",
+        prefix_cache: int = 16384,
     ) -> Pipeline:
+        """``from_options`` with the common flags as arguments (``ModelOptions`` / ``DraftOptions`` hold them all)."""
+        model = ModelOptions(
+            target=target,
+            dtype=dtype,
+            device=device,
+            threads=threads,
+            chat_template=chat_template,
+            kernels=kernels,
+            prefix_cache=prefix_cache,
+        )
         return cls.from_options(
-            ModelOptions(target=target, dtype=dtype, threads=threads, chat_template=chat_template, kernels=kernels),
-            DraftOptions(draft=draft, ngram_max=ngram_max, ngram_min=ngram_min, adaptive_k=adaptive_k),
+            model, DraftOptions(draft=draft, ngram_max=ngram_max, ngram_min=ngram_min, adaptive_k=adaptive_k)
         )
 
     @classmethod
