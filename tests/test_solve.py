@@ -204,3 +204,16 @@ def test_a_problem_too_long_for_the_context_is_named(tiny_checkpoint, tmp_path) 
     options = SolveOptions(task="gsm8k", data=str(data), limit=2, engine="ar")
     with pytest.raises(ValueError, match=r"problem 2: .*tokens"):
         run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options)
+
+
+def test_the_bfs_figures_are_left_out_of_an_mcts_summary() -> None:
+    """level_seconds / speculation_ceiling (the wait at BFS's reward barriers) were reported for rStar runs too."""
+    tree = TreeSearchOptions(budget=2)
+    rstar = run_tree_solve(
+        SearchOptions(search="rstar", depth=2), tree, SolveOptions(task="gsm8k", limit=1), RecordingBackend()
+    )
+    assert rstar.summary()["level_seconds"] is None and rstar.summary()["speculation_ceiling"] is None
+    rebase = run_tree_solve(
+        SearchOptions(search="rebase", depth=2), tree, SolveOptions(task="gsm8k", limit=1), RecordingBackend()
+    )
+    assert rebase.summary()["level_seconds"] > 0

@@ -40,8 +40,10 @@ class TreeSolveRun:
         spec = [r["spec"] for r in self.records]
         total = lambda key: sum(s.get(key, 0) for s in spec)  # noqa: E731
         speculated, used = total("speculated"), total("expansions_used")
-        levels = sum(r["result"].get("level_seconds", 0.0) for r in self.records)
-        critical = sum(r["result"].get("critical_path_seconds", 0.0) for r in self.records)
+        # BFS figures: an MCTS tree has no levels to wait at (a record without its search, a benchmark's, keeps them)
+        bfs = any(r.get("search", "rebase") in ("rebase", "ets") for r in self.records)
+        levels = sum(r["result"].get("level_seconds", 0.0) for r in self.records) if bfs else None
+        critical = sum(r["result"].get("critical_path_seconds", 0.0) for r in self.records) if bfs else None
         query_seconds = sum(r["seconds"] for r in self.records)
         return {
             "problems": n,
@@ -65,7 +67,7 @@ class TreeSolveRun:
             # perfect speculation with free concurrency would reach on them (search/tree_search.py)
             "level_seconds": levels,
             "critical_path_seconds": critical,
-            "speculation_ceiling": levels / critical if critical else None,
+            "speculation_ceiling": levels / critical if levels is not None and critical else None,
             "engine": self.engine,
         }
 
