@@ -794,3 +794,14 @@ def test_an_expansion_cancelled_during_its_reward_counts_its_thought() -> None:
     counters, spec = asyncio.run(main())
     assert (counters.tokens, counters.cancelled_tokens, counters.expansions) == (300, 300, 0)
     assert spec.wasted_tokens == 300
+
+
+def test_a_promoted_rollout_that_fails_is_waste_not_a_cancellation() -> None:
+    """A fold rollout promoted to primary counted a hit; failing, it was also counted cancelled (and its tokens
+    wasted): a rollout both used and cancelled."""
+    explorer = Explorer(Expander(ToyTask(), PROBLEM, ScriptedBackend()), None)
+    steps = [Child.make_dummy((), 0), Child.make_dummy((), 1)]
+    explorer.dropped(steps, cancelled=False)
+    assert (explorer.counters.cancelled, explorer.counters.wasted_tokens) == (0, 20)
+    explorer.dropped(steps)
+    assert (explorer.counters.cancelled, explorer.counters.wasted_tokens) == (1, 40)

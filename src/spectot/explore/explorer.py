@@ -269,10 +269,11 @@ class Explorer:
         self.counters.saved_expansions += len(expansions)
         self._consumed(expansions)
 
-    def dropped(self, expansions: Sequence[Child]) -> None:
-        """The search cancelled a speculative rollout of its own (DFS fold: the vote settled) that had run
-        ``expansions``: one cancelled, their tokens wasted."""
-        self.counters.cancelled += 1
+    def dropped(self, expansions: Sequence[Child], cancelled: bool = True) -> None:
+        """The search gave up a rollout of its own that had run ``expansions`` speculatively (DFS fold: the vote
+        settled, or the rollout failed): their tokens wasted, and one cancelled unless it had been promoted (it
+        counted as a hit then, and it failed rather than being cancelled)."""
+        self.counters.cancelled += int(cancelled)
         self.counters.wasted_tokens += sum(c.tokens for c in expansions)
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:

@@ -318,7 +318,7 @@ async def _folding_search(
                 if rollout.live is not None and finished.exception() is not None:
                     # a rollout started speculatively failed (a timeout, an aborted low-priority request): a
                     # miss, not the search's failure; another rollout takes its place (its child index is skipped)
-                    source.dropped(rollout.ran_speculatively)
+                    source.dropped(rollout.ran_speculatively, cancelled=rollout.speculative)  # promoted: a hit
                     launched -= 1
                     if rollout is primary:
                         primary = None

@@ -105,7 +105,7 @@ class ChildSource(Protocol):
 
     def used(self, expansions: Sequence[Child]) -> None: ...
 
-    def dropped(self, expansions: Sequence[Child]) -> None: ...
+    def dropped(self, expansions: Sequence[Child], cancelled: bool = True) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -147,7 +147,7 @@ class PlainSource:
     def used(self, expansions: Sequence[Child]) -> None:
         pass
 
-    def dropped(self, expansions: Sequence[Child]) -> None:
+    def dropped(self, expansions: Sequence[Child], cancelled: bool = True) -> None:
         pass
 
     async def close(self) -> None:
