@@ -201,6 +201,11 @@ def test_forward_time_starts_at_the_profile_and_fits_the_engines_forwards() -> N
     model = ForwardTime([(1, 0.010), (8, 0.017)], context=256)
     assert model.seconds(1, 256, 256) == pytest.approx(0.010, rel=1e-3)
     assert model.seconds(8, 256, 8 * 256) == pytest.approx(0.017, rel=1e-3)
+    # whatever the context, as the docstring says (the prior's context terms were a minimum-norm split: one row
+    # priced 0.0094 s at no context and 0.0190 s at 4,000 tokens)
+    for k in (0, 1000, 4000):
+        assert model.seconds(1, k, k) == pytest.approx(0.010, rel=1e-3)
+        assert model.seconds(8, k, 8 * k) == pytest.approx(0.017, rel=1e-3)
     law = lambda n, k, r: 0.009 + 0.0008 * n + 0.001 * k / 1000 + 0.001 * r / 1000  # noqa: E731
     rng = random.Random(0)
     for _ in range(400):

@@ -452,7 +452,10 @@ class ForwardTime:
         if not profile or not 0.0 < gamma <= 1.0 or prior_weight <= 0.0 or context < 0:
             raise ValueError(f"need profile points, gamma in (0, 1], prior_weight > 0, context >= 0; got {gamma}")
         self.context, self.gamma = context, gamma
-        self._prior_a = 1e-9 * np.eye(4)  # a whisper of ridge: the prior sees one context only
+        # the prior sees one context only, so its context terms (K, R) are collinear with the intercept and the rows:
+        # a ridge on them alone keeps b_2 = b_3 = 0 until forwards at other contexts fit them (a uniform whisper
+        # split the time between them, and a long context priced rows dearer than any forward had shown)
+        self._prior_a = np.diag([1e-9, 1e-9, 1e-3, 1e-3])
         self._prior_b = np.zeros(4)
         for n, seconds in profile:
             x = self.features(n, context, n * context)
