@@ -119,6 +119,15 @@ def test_solve_does_not_empty_an_earlier_runs_results(tmp_path: Path) -> None:
     assert SolveOptions(json=str(tmp_path / "new.jsonl")).json  # a new file (or an empty one) is fine
 
 
+def accepted_or_refused(check, args: tuple, message: str | None) -> None:
+    """``check(*args)`` passes when ``message`` is None, else raises a ValueError matching it."""
+    if message is None:
+        check(*args)
+        return
+    with pytest.raises(ValueError, match=message):
+        check(*args)
+
+
 @pytest.mark.parametrize(
     ("search", "draft", "solve", "tree", "backend", "message"),
     [
@@ -168,11 +177,7 @@ def test_solve_flag_combinations(search, draft, solve, tree, backend, message, t
         TreeSearchOptions(**tree),
         BackendOptions(**backend),
     )
-    if message is None:
-        check_solve(*options)
-        return
-    with pytest.raises(ValueError, match=message):
-        check_solve(*options)
+    accepted_or_refused(check_solve, options, message)
 
 
 @pytest.mark.parametrize(
@@ -199,11 +204,7 @@ def test_the_openai_backend_refuses_the_local_models_flags(model, draft, message
         BackendOptions(backend="openai", base_url=("http://h/v1",)),
         ModelOptions(**model),
     )
-    if message is None:
-        check_solve(*options)
-        return
-    with pytest.raises(ValueError, match=message):
-        check_solve(*options)
+    accepted_or_refused(check_solve, options, message)
 
 
 @pytest.mark.parametrize(
@@ -220,11 +221,7 @@ def test_flags_of_another_kind_of_draft_are_refused(draft, message) -> None:
     """generate / serve / solve ran the n-gram draft with --draft-head, a trained one with --ngram-max, in silence."""
     from spectot.config import check_method
 
-    if message is None:
-        check_method("sd", DraftOptions(**draft))
-        return
-    with pytest.raises(ValueError, match=message):
-        check_method("sd", DraftOptions(**draft))
+    accepted_or_refused(check_method, ("sd", DraftOptions(**draft)), message)
 
 
 def test_spex_tau_is_a_flag_of_spex() -> None:

@@ -1129,8 +1129,7 @@ def check_solve(
                 "pick a drafting engine (sd, mcsd, batched-sd, seed, seed-batched, continuous-sd)"
             )
         if options.engine in DRAFTLESS_ENGINES:
-            shaping = [f.name for f in fields(draft) if f.name != "draft"]
-            _refuse_unread(_set(draft, *shaping), f"shape speculative decoding; --engine {options.engine}")
+            _refuse_unread(_shaping_set(draft), f"shape speculative decoding; --engine {options.engine}")
         else:
             check_draft_kind(draft)
         if backend.backend != "local" or backend.base_url:
@@ -1192,12 +1191,11 @@ def check_solve(
                 "--target names the local model; --backend openai asks the servers for --served-model (default: "
                 "the first model they list)"
             )
-        shaping = [f.name for f in fields(draft) if f.name != "draft"]
         _refuse_unread(
             _set(backend, "method", "max_streams")
             + _set(tree, "fill_rows", "sd_requests")
             + (["--draft"] if draft.draft not in ("none", "ngram") else [])
-            + _set(draft, *shaping)
+            + _shaping_set(draft)
             + (_set(model, "dtype", "kernels", "prefix_cache", "chat_template") if model is not None else []),
             "configure the local engine; --backend openai (the servers decode as they are set up)",
         )
@@ -1213,8 +1211,7 @@ def check_method(method: str, draft: DraftOptions) -> None:
         return
     if draft.draft not in ("none", "ngram"):
         raise ValueError(f"--draft {draft.draft} drafts for --method sd; with --method ar it would be unused")
-    shaping = [f.name for f in fields(draft) if f.name != "draft"]
-    _refuse_unread(_set(draft, *shaping), "shape speculative decoding (--method sd); --method ar")
+    _refuse_unread(_shaping_set(draft), "shape speculative decoding (--method sd); --method ar")
 
 
 def check_tree_tool(command: str, draft: DraftOptions) -> None:
@@ -1280,6 +1277,11 @@ def _set(options: Any, *names: str) -> list[str]:
     defaults = {f.name: f.default for f in fields(options)}
     changed = [name for name in names if getattr(options, name) != defaults[name]]
     return ["--" + ("no-" if getattr(options, n) is False else "") + n.replace("_", "-") for n in changed]
+
+
+def _shaping_set(draft: DraftOptions) -> list[str]:
+    """The draft flags set besides --draft: they shape speculative decoding."""
+    return _set(draft, *(f.name for f in fields(draft) if f.name != "draft"))
 
 
 def _refuse_set(flags: list[str], why: str) -> None:

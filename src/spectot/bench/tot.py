@@ -40,8 +40,9 @@ def run_bench_tot(
 
     tasks = [t.strip() for t in opts.tasks.split(",") if t.strip()]
     engines = opts.engine_names(draft_opts.draft)  # checked before the model loads, not halfway through the run
+    data = {task: getattr(opts, task) if task != "math500" else "" for task in tasks}  # "": the built-in examples
     for task in tasks:  # so is the data: a file short of --problems would end the run at its summary
-        load_problems(task, getattr(opts, task) if task != "math500" else "", opts.problems, complete=True)
+        load_problems(task, data[task], opts.problems, complete=True)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:
@@ -92,7 +93,7 @@ def run_bench_tot(
             todo = todo[len(unit) :]
             solve = SolveOptions(
                 task=task,
-                data=getattr(opts, task) if task != "math500" else "",
+                data=data[task],
                 limit=len(unit),
                 offset=i,
                 engine=engine,

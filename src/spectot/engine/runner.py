@@ -176,7 +176,8 @@ def pick_linear(
     spectot's packed vdpbf16ps panels and fused ops, 30-36 ms and 34-40 ms with torch's kernels and ops;
     with AMX, session 27 on a 2-core Xeon: 15-20 ms at 1 row against torch's 36-57, see SpectotMatmul),
     else torch's ``F.linear``. "tiled": torch's on fixed row tiles (``TiledMatmul``), for bit-exact fp32 and
-    batch-invariant bf16 on a GPU. ``batch_invariant=False`` (a draft): spectot's kernel takes the faster lanes for one row."""
+    batch-invariant bf16 on a GPU. ``batch_invariant=False`` (a draft): spectot's kernel takes the faster lanes
+    for one row."""
     if choice == "tiled":
         return TiledMatmul(8 if device.type == "cpu" else 64)
     if choice == "torch" or dtype != torch.bfloat16 or device.type != "cpu":
@@ -508,7 +509,8 @@ class ModelRunner:
             raise ValueError(f"logit_rows needs one list per tree: got {len(logit_rows)} for {len(trees)} trees")
         for i, st in enumerate(trees):  # a row past its tree read the next stream's logits, in silence
             n = len(st.tree)
-            if logit_rows is not None and any(not 0 <= r < n for r in logit_rows[i]):
+            rows = logit_rows[i] if logit_rows is not None else ()
+            if rows and (min(rows) < 0 or max(rows) >= n):
                 raise ValueError(f"logit_rows of tree {i} must lie in [0, {n}), got {list(logit_rows[i])}")
             if st.embeds is not None and st.embeds.shape[0] != n:
                 raise ValueError(f"tree {i} has {n} nodes but {st.embeds.shape[0]} embedding rows")

@@ -26,8 +26,9 @@ budget released.
 Vocabulary of the counters: speculated = speculative expansions started; hits = those the search
 used; cancelled = stopped before finishing; wasted_tokens = tokens of finished speculative
 expansions never used, and the thoughts of expansions cancelled during their evaluation (a generation cut
-mid-way counts nothing: the backend does not say how far it got); saving rate = expansions the search used that had run speculatively / expansions the
-search used (a BFS hit is one expansion; a DFS rollout folded in brings the steps it ran speculatively).
+mid-way counts nothing: the backend does not say how far it got); saving rate = expansions the search used
+that had run speculatively / expansions the search used (a BFS hit is one expansion; a DFS rollout folded in
+brings the steps it ran speculatively).
 """
 
 from __future__ import annotations

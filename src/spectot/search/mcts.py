@@ -17,9 +17,10 @@ rStar's search (UCT over one-step thoughts, rollouts to an answer), not its reas
 mean of the terminal rewards (rStar's rule); REST-MCTS's paper weighs its value update by the process rewards
 along the path, which is not built: here its per-step process rewards pick the kept child only. A rollout cut at
 ``max_depth`` without an answer backs up 0 (no answer, no reward) and casts no vote, unless no rollout answered:
-then the unanswered leaves answer as the task reads their steps (as REBASE's open states do). ``max_depth`` is the config's, else the task's: the math tasks'
-default depth 4 keeps within rStar's limit of 5, and a task that needs more steps (Blocksworld's 6-step plans,
-depth 7; or an explicit --depth) gets them (a cap at 5 made a 6-step plan impossible).
+then the unanswered leaves answer as the task reads their steps (as REBASE's open states do). ``max_depth`` is
+the config's, else the task's: the math tasks' default depth 4 keeps within rStar's limit of 5, and a task that
+needs more steps (Blocksworld's 6-step plans, depth 7; or an explicit --depth) gets them (a cap at 5 made a 6-step
+plan impossible).
 
 SPEX's DFS speculation, two ways (``TreeSearchConfig.dfs_speculation``):
 

@@ -213,10 +213,20 @@ def _not_unicode(value: Any, at: str = "") -> str | None:
         return None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        key_text = key if isinstance(key, int) else _not_unicode(key) or key
-        where = _not_unicode(item, f"{at}.{key_text}" if at else str(key_text))
+        if _not_unicode(key) is not None:  # a field name: it cannot be named either
+            return at or "a field name"
+        where = _not_unicode(item, f"{at}.{key}" if at else str(key))
         if where is not None:
             return where
+    return None
+
+
+def _not_a_no_op(extra: dict[str, Any], no_ops: dict[str, Any]) -> tuple[str, str] | None:
+    """(param, why) for the first field of ``no_ops`` that ``extra`` sets to another value than its no-op one."""
+    for name, no_op in no_ops.items():
+        value = extra.get(name)
+        if value is not None and value != no_op:
+            return name, f"{name} is not supported (only {json.dumps(no_op)}, which changes nothing)"
     return None
 
 
@@ -269,12 +279,7 @@ class SamplingBody(OpenAIBody):
             return param, f"{param} is not supported (only 0)"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported"
-        extra = self.model_extra or {}
-        for name, no_op in VLLM_NO_OP.items():
-            value = extra.get(name)
-            if value is not None and value != no_op:
-                return name, f"{name} is not supported (only {json.dumps(no_op)}, which changes nothing)"
-        return None
+        return _not_a_no_op(self.model_extra or {}, VLLM_NO_OP)
 
 
 class CompletionBody(SamplingBody):
@@ -297,11 +302,8 @@ class CompletionBody(SamplingBody):
         if self.logprobs is not None and self.logprobs > 1:
             return "logprobs", "logprobs > 1 is not supported: this server returns the sampled token's logprob only"
         response_format = (self.model_extra or {}).get("response_format")
-        if (
-            isinstance(response_format, dict)
-            and response_format.get("type", "text") != "text"
-            or (response_format is not None and not isinstance(response_format, dict))
-        ):
+        text = isinstance(response_format, dict) and response_format.get("type", "text") == "text"
+        if response_format is not None and not text:
             return "response_format", "response_format other than text is not supported"
         if self.stream and self.logprobs is not None:
             return "logprobs", "logprobs are not returned when streaming: set stream to false"
@@ -344,10 +346,9 @@ class ChatBody(SamplingBody):
             return "functions", "functions are not supported"
         if extra.get("tool_choice") not in (None, "none", "auto"):
             return "tool_choice", "tool_choice is not supported (no tools)"
-        for name, no_op in CHAT_NO_OP.items():  # vLLM's fields that change the prompt the model is fed
-            value = extra.get(name)
-            if value is not None and value != no_op:
-                return name, f"{name} is not supported (only {json.dumps(no_op)}, which changes nothing)"
+        refused = _not_a_no_op(extra, CHAT_NO_OP)  # vLLM's fields that change the prompt the model is fed
+        if refused is not None:
+            return refused
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "response_format other than text is not supported"
         if self.top_logprobs:

@@ -257,10 +257,10 @@ class DraftLength:
             raise ValueError(f"max_width counts candidates: it must be >= 1, got {max_width}")
         if weight <= 0.0 or not 0.0 < decay <= 1.0 or optimism < 0.0:
             raise ValueError(f"need weight > 0, decay in (0, 1] and optimism >= 0, got {weight}, {decay}, {optimism}")
-        self.priors = dict(priors) if priors else {0.0: 0.5}
-        if not all(0.0 <= p <= 1.0 for p in self.priors.values()):
-            raise ValueError(f"prior acceptance rates must lie in [0, 1], got {self.priors}")
-        self.priors = {t: max(p, MIN_PRIOR) for t, p in self.priors.items()}
+        given = dict(priors) if priors else {0.0: 0.5}
+        if not all(0.0 <= p <= 1.0 for p in given.values()):
+            raise ValueError(f"prior acceptance rates must lie in [0, 1], got {given}")
+        self.priors = {t: max(p, MIN_PRIOR) for t, p in given.items()}
         self.t_curve, self.draft_cost, self.weight, self.decay, self.optimism = (
             t_curve,
             draft_cost,
@@ -270,8 +270,8 @@ class DraftLength:
         )
         self.estimates: dict[tuple[SamplingParams, int | None], AcceptanceEstimate] = {}
         self.max_width = max_width
-        self.runner_up_priors = {t: tuple(v) for t, v in (runner_up_priors or {0.0: [0.05]}).items() if len(v)}
-        if not self.runner_up_priors or not all(0.0 <= p <= 1.0 for v in self.runner_up_priors.values() for p in v):
+        ranks = {t: tuple(v) for t, v in (runner_up_priors or {0.0: [0.05]}).items() if len(v)}
+        if not ranks or not all(0.0 <= p <= 1.0 for v in ranks.values() for p in v):
             raise ValueError(f"runner-up acceptance priors must be probabilities, got {runner_up_priors}")
         # ranks past a measured vector: MIN_PRIOR, as Sequoia's DP reads them (0), not the last rank's again; the
         # default guess (no vector measured) stands for every rank (ranks priced near 0 are never drafted, so
@@ -279,7 +279,7 @@ class DraftLength:
         pad = runner_up_priors is not None
         self.runner_up_priors = {
             t: tuple(max(p, MIN_PRIOR) for p in v) + (MIN_PRIOR,) * (max_width - 1 - len(v) if pad else 0)
-            for t, v in self.runner_up_priors.items()
+            for t, v in ranks.items()
         }
         self.runners_up: dict[SamplingParams, AcceptanceEstimate] = {}  # P_r, r = 2.. (position i: rank i + 1)
         self.smoothing, self.learn_cost, self.forward_time = smoothing, learn_cost, forward_time

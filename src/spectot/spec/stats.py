@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 
@@ -54,26 +55,13 @@ class DecodeStats:
         self.accepted += accepted
         depth = proposed if depth is None else depth
         reached = min(depth, accepted + 1)  # depths after the first rejection were never tested
-        grow = reached - len(self.reached_by_position)
-        if grow > 0:
-            self.reached_by_position += [0] * grow
-            self.accepted_by_position += [0] * grow
-        for i in range(reached):
-            self.reached_by_position[i] += 1
-            self.accepted_by_position[i] += int(i < accepted)
+        _tally(self.reached_by_position, self.accepted_by_position, reached, range(min(accepted, reached)))
 
     def record_ranks(self, outcomes: list[tuple[int, int]]) -> None:
         """One verification's outcome at each visited node with children: (the accepted child's rank among its
         siblings, or -1 where every child was rejected; how many children it had)."""
         for rank, width in outcomes:
-            grow = width - len(self.rank_visits)
-            if grow > 0:
-                self.rank_visits += [0] * grow
-                self.accepted_rank += [0] * grow
-            for r in range(width):
-                self.rank_visits[r] += 1
-            if rank >= 0:
-                self.accepted_rank[rank] += 1
+            _tally(self.rank_visits, self.accepted_rank, width, (rank,) if rank >= 0 else ())
 
     def record_calibration(self, confidence: list[float], accepted: list[bool]) -> None:
         """Drafted tokens that were tested (their parent was accepted): draft probability, outcome."""
@@ -124,3 +112,15 @@ class DecodeStats:
             tokens_per_second=self.tokens_per_second,
         )
         return out
+
+
+def _tally(tried: list[int], accepted: list[int], n: int, hits: Iterable[int]) -> None:
+    """Positions 0..n-1 tried once more (the lists grown to reach them), those in ``hits`` accepted."""
+    grow = n - len(tried)
+    if grow > 0:
+        tried += [0] * grow
+        accepted += [0] * grow
+    for i in range(n):
+        tried[i] += 1
+    for i in hits:
+        accepted[i] += 1

@@ -238,7 +238,8 @@ def same_value(a: str, b: str) -> bool:
 
 
 def _reduced_fractions(answer: str) -> str:
-    """Every integer fraction in lowest terms: '\\frac{6}{4}', '\\dfrac64' and '6/4' -> '\\frac{3}{2}', '\\frac{4}{2}' -> '2'."""
+    """Every integer fraction in lowest terms: '\\frac{6}{4}', '\\dfrac64' and '6/4' -> '\\frac{3}{2}',
+    '\\frac{4}{2}' -> '2'."""
     answer = _fix_fracs(re.sub(r"\\[dt]frac", r"\\frac", answer))
     answer = re.sub(r"(?<![\w}.^_])(-?\d+)\s*/\s*(-?\d+)(?![\w{.^])", r"\\frac{\1}{\2}", answer)
 
@@ -329,12 +330,14 @@ def _symbolically_equal(a: str, b: str) -> bool:
     if a.count("=") == 1 and b.count("=") == 1:
         return _equations_equal(a, b)
     x, y = latex_to_sympy(a), latex_to_sympy(b)
-    if x is None or y is None:
-        return False
+    return x is not None and y is not None and _expressions_equal(x, y)
+
+
+def _expressions_equal(x: Any, y: Any) -> bool:
+    """x == y exactly: numerically first (cheap, and most unequal pairs fail it), then ``simplify``; an expression
+    sympy cannot evaluate is no answer."""
     try:
-        if x == y:
-            return True
-        return _close_everywhere(x, y) and _difference_is_zero(x, y)
+        return x == y or (_close_everywhere(x, y) and _difference_is_zero(x, y))
     except (TypeError, ValueError, ArithmeticError):
         return False
 
@@ -347,10 +350,7 @@ def _equations_equal(a: str, b: str) -> bool:
     if any(side is None for side in sides):
         return False
     left, right = sides[0] - sides[1], sides[2] - sides[3]
-    try:
-        return any(_close_everywhere(left, k * right) and _difference_is_zero(left, k * right) for k in (1, -1))
-    except (TypeError, ValueError, ArithmeticError):
-        return False
+    return _expressions_equal(left, right) or _expressions_equal(left, -right)
 
 
 def _is_word(s: str) -> bool:
