@@ -154,6 +154,8 @@ def accepted_or_refused(check, args: tuple, message: str | None) -> None:
         ("rebase", "ngram", {}, {"max_children": 5}, {}, "--max-children belong to another search"),
         ("rstar", "ngram", {}, {"lambda_kv": 2.0}, {}, "--lambda-kv belong to another search"),
         ("rstar", "ngram", {}, {"rest_children": 3}, {}, "--rest-children belong to another search"),
+        ("rstar", "ngram", {}, {"rest_alpha": 0.3}, {}, "--rest-alpha belong to another search"),
+        ("rest-mcts", "ngram", {}, {"rest_alpha": 0.3}, {}, None),
         ("rebase", "ngram", {}, {"k_total": 4}, {}, "--k-total configure SPEX's speculation"),
         ("rebase", "ngram", {}, {"k_total": 4, "explore": "spex"}, {}, None),
         ("rebase", "ngram", {}, {}, {"base_url": ("http://h/v1",)}, "--base-url configure --backend openai"),
@@ -231,6 +233,12 @@ def test_spex_tau_is_a_flag_of_spex() -> None:
     assert explore_config(TreeSearchOptions(explore="spex", tau=0.5)).tau == 0.5
     with pytest.raises(ValueError, match="--tau must be >= 0"):
         TreeSearchOptions(tau=-1.0)
+    from spectot.tree_solve import tree_config
+
+    assert tree_config(SearchOptions(search="rest-mcts"), TreeSearchOptions(rest_alpha=0.3)).rest_alpha == 0.3
+    for alpha, message in [(1.5, "--rest-alpha weighs two values"), (float("nan"), "--rest-alpha must be a finite")]:
+        with pytest.raises(ValueError, match=message):
+            TreeSearchOptions(rest_alpha=alpha)
     options = (
         SearchOptions(search="rebase"),
         DraftOptions(),

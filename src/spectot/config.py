@@ -761,6 +761,10 @@ class TreeSearchOptions:
     balance_temperature: float = field(default=0.2, **opt("T_b of REBASE's softmax over rewards"))
     max_children: int = field(default=3, **opt("MCTS: children a node may get"))
     rest_children: int = field(default=2, **opt("REST-MCTS: children each step expands (the best is kept)"))
+    rest_alpha: float = field(
+        default=0.5,
+        **opt("REST-MCTS*: a rollout's value, (1 - alpha) r_first + alpha max of the later steps' process rewards"),
+    )
     lambda_kv: float = field(default=1.0, **opt("ETS: weight of the KV cost of retained nodes"))
     lambda_cov: float = field(default=1.4, **opt("ETS: weight of semantic coverage"))
     ets_embedder: str = field(
@@ -846,7 +850,10 @@ class TreeSearchOptions:
             lambda_cov=self.lambda_cov,
             alpha=self.alpha,
             tau=self.tau,
+            rest_alpha=self.rest_alpha,
         )
+        if not 0 <= self.rest_alpha <= 1:
+            raise ValueError(f"--rest-alpha weighs two values and must lie in [0, 1], got {self.rest_alpha}")
         if self.tau < 0:
             raise ValueError(f"--tau must be >= 0 (a negative tau favours the worst queries), got {self.tau}")
         if self.k_total < 0 or self.lookahead < 0 or self.fill_rows < 0 or self.balance_temperature <= 0:
@@ -1162,7 +1169,7 @@ def check_solve(
     )
     foreign = ("balance_temperature", "lambda_kv", "lambda_cov", "lookahead", "retract") if mcts else ()
     foreign += () if mcts else ("max_children", "dfs_speculation")
-    foreign += () if search.search == "rest-mcts" else ("rest_children",)
+    foreign += () if search.search == "rest-mcts" else ("rest_children", "rest_alpha")
     _refuse_unread(_set(tree, *foreign), f"belong to another search algorithm; --search {search.search}")
     if tree.explore == "none":
         _refuse_unread(
@@ -1266,8 +1273,8 @@ def check_bench(bench: str, draft: DraftOptions, search: SearchOptions | None, t
 
 # the tree searches' own flags (TreeSearchOptions' fields that tot-bfs does not read)
 TREE_SEARCH_FLAGS = (
-    "budget", "balance_temperature", "max_children", "rest_children", "lambda_kv", "lambda_cov", "reward", "k_total",
-    "lookahead", "tau", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup",
+    "budget", "balance_temperature", "max_children", "rest_children", "rest_alpha", "lambda_kv", "lambda_cov", "reward",
+    "k_total", "lookahead", "tau", "retract", "fill_rows", "sd_requests", "dfs_speculation", "budget_wakeup",
 )  # fmt: skip
 
 

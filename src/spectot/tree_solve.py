@@ -80,6 +80,7 @@ def tree_config(search: SearchOptions, tree: TreeSearchOptions, embed: Embed | N
         search.depth,
         max_children=tree.max_children,
         rest_children=tree.rest_children,
+        rest_alpha=tree.rest_alpha,
         lambda_kv=tree.lambda_kv,
         lambda_cov=tree.lambda_cov,
         cluster_threshold=tree.threshold,

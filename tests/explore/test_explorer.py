@@ -650,6 +650,32 @@ def test_an_mcts_rollout_cut_by_the_depth_limit_backs_up_no_reward() -> None:
     assert tree.stats.visits[0] == 2 and tree.stats.value[0] == pytest.approx(0.6)
 
 
+def test_rest_mcts_values_rollouts_by_process_rewards_and_weighs_children_by_visits() -> None:
+    """REST-MCTS* backed up rStar's running mean of terminal rewards (the weighted update was not built). Now a
+    rollout a (0.4) -> b (0.9, answered) is worth 0.5 * 0.4 + 0.5 * 0.9 at b and at a; a one-step rollout c (0.2)
+    its own reward; the root the visit-weighted mean of a and c; selection coming back to the dead end c backs up
+    c's value again; a rollout the depth limit cut before an answer is worth 0."""
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 3, 1, 2, alpha=0.5)
+    first, second = _claim(tree, (0,)), _claim(tree, (0,))
+    a = replace(Child.make_dummy((), 0, reward=0.4), final=False)
+    first.chain = [[a], [Child.make_dummy(a.state, 0, reward=0.9, final=True, answer="7", at=(0, 0))]]
+    second.chain = [[Child.make_dummy((), 1, reward=0.2, final=True, answer="8")]]
+    _fold(tree, first), _fold(tree, second)
+    a_id, b_id, c_id = 1, 2, 3
+    assert [tree.stats.stats(n).q for n in (b_id, a_id, c_id)] == pytest.approx([0.65, 0.65, 0.2])
+    assert tree.stats.stats(0).q == pytest.approx((0.65 + 0.2) / 2)
+    tree.back_up((0, c_id), tree.dead_end(c_id))
+    assert tree.stats.stats(c_id).q == pytest.approx(0.2) and tree.stats.stats(0).q == pytest.approx(1.05 / 3)
+    cut = _claim(tree, (0,))
+    cut.chain = [[replace(Child.make_dummy((), 2, reward=0.9), final=False)], [replace(a, final=False)]]
+    assert tree.rollout(cut.chain) == 0.0
+    # rStar's tree, the same rollouts: the running mean of the terminal rewards (0.9 through a, 0.2 at c)
+    plain = _Tree(MctsTree(children={}), {0: root_child()}, {}, 3, 1, 2)
+    first.path = second.path = (0,)
+    _fold(plain, first), _fold(plain, second)
+    assert plain.stats.stats(1).q == pytest.approx(0.9) and plain.stats.stats(0).q == pytest.approx(0.55)
+
+
 def test_a_task_of_plain_text_prompts_asks_for_completions_not_chats() -> None:
     """Blocksworld's few-shot prompts are continuations: its requests go as text (chat=False), others as chats."""
     from spectot.tasks.blocksworld import BlocksworldTask

@@ -11,10 +11,12 @@ from spectot.search.uct import (
     NodeStats,
     add_child,
     backup,
+    rollout_value,
     simulate_selections,
     uct_path,
     uct_score,
     uct_select,
+    weighted_backup,
 )
 
 
@@ -103,3 +105,35 @@ def test_add_child_grows_a_new_tree() -> None:
     assert simulate_selections(grown, 2) == [(0, 1), (0, 2)]
     with pytest.raises(ValueError, match="fresh id"):
         add_child(grown, 1, 2)
+
+
+def test_weighted_backup_follows_the_childrens_current_values() -> None:
+    """REST-MCTS*'s update, the docstring's example: a has children x (1.0) and y (0.0), one visit each; a visit
+    that sets x to 0.2 weighs a's children by visits, (2 * 0.2 + 0.0) / 3, where the running mean says 0.4."""
+    tree = MctsTree(children={0: (1,), 1: (2, 3)})
+    tree = weighted_backup(weighted_backup(tree, (0, 1, 2), 1.0), (0, 1, 3), 0.0)
+    assert tree.stats(1).q == pytest.approx(0.5) and tree.stats(0).q == pytest.approx(0.5)
+    after = weighted_backup(tree, (0, 1, 2), 0.2)
+    assert after.visits == {0: 3.0, 1: 3.0, 2: 2.0, 3: 1.0}
+    assert after.stats(2).q == pytest.approx(0.2) and after.stats(1).q == pytest.approx(0.4 / 3)
+    assert after.stats(0).q == pytest.approx(0.4 / 3)
+    running = MctsTree(children=tree.children)
+    for path, value in [((0, 1, 2), 1.0), ((0, 1, 3), 0.0), ((0, 1, 2), 0.2)]:
+        running = backup(running, path, value)
+    assert running.stats(1).q == pytest.approx(0.4)
+    assert tree.stats(2).q == pytest.approx(1.0)  # the input is untouched
+
+
+def test_weighted_backup_gives_unvisited_children_no_weight() -> None:
+    """A REST-MCTS step's siblings join the tree unvisited: they do not dilute their parent's value."""
+    tree = MctsTree(children={0: (1, 2, 3)})
+    after = weighted_backup(tree, (0, 2), 0.7)
+    assert after.stats(0).q == pytest.approx(0.7) and after.visits == {0: 1.0, 2: 1.0}
+
+
+@pytest.mark.parametrize(
+    ("rewards", "alpha", "value"),
+    [([0.4], 0.5, 0.4), ([0.4, 0.9, 0.2], 0.5, 0.65), ([0.4, 0.9, 0.2], 0.0, 0.4), ([0.4, 0.1], 1.0, 0.1)],
+)
+def test_rollout_value_blends_the_first_reward_with_the_best_below(rewards, alpha, value) -> None:
+    assert rollout_value(rewards, alpha) == pytest.approx(value)

@@ -13,9 +13,12 @@ Deviations from the papers, which change results: rStar (Qi et al. 2024) has fiv
 A2 the remaining steps, A3 a sub-question, A4 re-answer it, A5 rephrase the question); here only A1. It picks
 the answer by mutual consistency with a second model (its discriminator); here the reward-weighted vote, and
 its terminal rewards are self-consistency counts where here they are the task's self-evaluation. So this is
-rStar's search (UCT over one-step thoughts, rollouts to an answer), not its reasoning actions. Both back up the plain
-mean of the terminal rewards (rStar's rule); REST-MCTS's paper weighs its value update by the process rewards
-along the path, which is not built: here its per-step process rewards pick the kept child only. A rollout cut at
+rStar's search (UCT over one-step thoughts, rollouts to an answer), not its reasoning actions. rStar backs up the
+plain mean of the terminal rewards. REST-MCTS* (as its authors' MCTS* does) values a rollout by its process
+rewards, V = (1 - alpha) r_1 + alpha max_{i>1} r_i (``uct.rollout_value``: r_1 the first new node's, the max over
+the steps below it), and a node's value is the visit-weighted mean of its children's current values
+(``uct.weighted_backup``); the task's self-evaluation stands in for the paper's trained process reward model,
+whose training targets (the quality values v_k) are not part of a search. A rollout cut at
 ``max_depth`` without an answer backs up 0 (no answer, no reward) and casts no vote, unless no rollout answered:
 then the unanswered leaves answer as the task reads their steps (as REBASE's open states do). ``max_depth`` is
 the config's, else the task's: the math tasks' default depth 4 keeps within rStar's limit of 5, and a task that
@@ -62,7 +65,7 @@ from spectot.search.tree_search import (
     root_child,
     stops,
 )
-from spectot.search.uct import MctsTree, backup, uct_path
+from spectot.search.uct import MctsTree, backup, rollout_value, uct_path, weighted_backup
 from spectot.tasks.base import Problem, Task
 
 
@@ -90,6 +93,7 @@ class _Tree:
     max_children: int
     width: int  # children one step expands (rStar 1, REST-MCTS rest_children)
     max_depth: int
+    alpha: float | None = None  # None: rStar's running mean; REST-MCTS*: the weighted update, rollout_value's alpha
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def free(self, node: int) -> bool:
@@ -119,13 +123,36 @@ class _Tree:
             stats = backup(stats, r.path, 0.0)
         return stats
 
+    def back_up(self, path: tuple[int, ...], value: float) -> None:
+        """A simulation's value up the path: rStar averages the values backed up through a node; REST-MCTS*
+        sets the leaf's and re-weighs each node above by its children's visits (``uct.weighted_backup``)."""
+        self.stats = (backup if self.alpha is None else weighted_backup)(self.stats, path, value)
+
+    def rollout(self, chain: list[list[Child]]) -> float:
+        """What a rollout brings to the leaf it ends in: 0 if the depth limit cut it before an answer (no answer,
+        no reward); else rStar its terminal reward, REST-MCTS* ``rollout_value`` of its kept steps' process
+        rewards."""
+        leaf = chain[-1][0]
+        if not leaf.final:
+            return 0.0
+        return leaf.reward if self.alpha is None else rollout_value([step[0].reward for step in chain], self.alpha)
+
+    def dead_end(self, node: int) -> float:
+        """What selection coming back to a dead end (terminal, or unanswered at the depth limit) backs up: its
+        value again (rStar: its reward, 0 if unanswered)."""
+        if self.alpha is not None:
+            return self.stats.stats(node).q
+        leaf = self.nodes[node]
+        return leaf.reward if leaf.final else 0.0
+
 
 async def mcts_search(
     task: Task, problem: Problem, source: ChildSource, config: TreeSearchConfig, stop: StopRule | None = None
 ) -> TreeSearchResult:
     max_depth = config.max_depth or task.depth
-    width = config.rest_children if config.algorithm == "rest-mcts" else 1
-    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, max(config.max_children, width), width, max_depth)
+    rest = config.algorithm == "rest-mcts"
+    width, alpha = (config.rest_children, config.rest_alpha) if rest else (1, None)
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, max(config.max_children, width), width, max_depth, alpha)
     search = _exact_search if config.dfs_speculation == "exact" else _folding_search
     return await search(task, problem, source, config, stop, tree)
 
@@ -143,7 +170,7 @@ async def _exact_search(
             path = uct_path(tree.uct_view([]), config.c)
             start = tree.nodes[path[-1]]
             if not tree.free(path[-1]):  # a dead end (terminal, or unanswered at the depth limit): backed up again
-                tree.stats = backup(tree.stats, path, _value(start))
+                tree.back_up(path, tree.dead_end(path[-1]))
                 continue
             rollout = _claim(tree, path, progress)
             run = asyncio.ensure_future(_rollout(source, tree, start, rollout))
@@ -234,12 +261,13 @@ def _predicted(
         grown = _graft(view, path, chain)
         leaf = chain[-1][0] if chain else None
         if leaf is not None and (leaf.final or len(leaf.state) >= view.max_depth):
-            view.stats = backup(view.stats, grown, _value(leaf))
+            view.back_up(grown, view.rollout(chain))
             return
         unknown = next(view.ids)
         children = dict(view.stats.children)
         children[grown[-1]] = tuple(children.get(grown[-1], ())) + (unknown,)
-        view.stats = backup(replace(view.stats, children=children), (*grown, unknown), stand_in)
+        view.stats = replace(view.stats, children=children)
+        view.back_up((*grown, unknown), stand_in)
 
     pend(pending.path, pending.index)
     selections: list[tuple[Child, int]] = []
@@ -249,10 +277,10 @@ def _predicted(
         path = uct_path(view.uct_view([]), c)
         start = path[-1]
         if start not in view.nodes:
-            view.stats = backup(view.stats, path, stand_in)
+            view.back_up(path, stand_in)
             continue
         if not view.free(start):
-            view.stats = backup(view.stats, path, _value(view.nodes[start]))
+            view.back_up(path, view.dead_end(start))
             continue
         index = view.next_index.get(start, 0)
         selections.append((view.nodes[start], index))
@@ -297,8 +325,8 @@ async def _folding_search(
                     source.promote()
                 elif tree.free(path[-1]):
                     primary = launch(path, speculative=False)
-                else:  # a dead end (terminal, or unanswered at the depth limit): its reward is backed up again
-                    tree.stats = backup(tree.stats, path, _value(tree.nodes[path[-1]]))
+                else:  # a dead end (terminal, or unanswered at the depth limit): its value is backed up again
+                    tree.back_up(path, tree.dead_end(path[-1]))
                     launched, folded = launched + 1, folded + 1
                     continue
             # -- speculate: the next selections under virtual loss, within the query's budget
@@ -379,13 +407,8 @@ def _fold(tree: _Tree, r: _Rollout) -> list[Child]:
     (terminal, or unanswered at the depth limit), then REST-MCTS's finished siblings it did not keep (answers the
     search paid for: left out, they never voted, and UCT's first visit to one only backed its reward up again)."""
     path, leaf = _graft(tree, r.path, r.chain), r.chain[-1][0]
-    tree.stats = backup(tree.stats, path, _value(leaf))
+    tree.back_up(path, tree.rollout(r.chain))
     return [leaf, *(c for step in r.chain for c in step[1:] if c.final)]
-
-
-def _value(leaf: Child) -> float:
-    """What a rollout ending at ``leaf`` backs up: its reward if it answered, 0 if the depth limit cut it first."""
-    return leaf.reward if leaf.final else 0.0
 
 
 def _graft(tree: _Tree, path: tuple[int, ...], chain: list[list[Child]]) -> tuple[int, ...]:

@@ -35,6 +35,7 @@ class TreeSearchConfig:
     c: float = 2.0  # UCT exploration constant (rStar)
     max_children: int = 3  # MCTS: children a node may get
     rest_children: int = 3  # REST-MCTS: children each step expands (the best by process reward is kept)
+    rest_alpha: float = 0.5  # REST-MCTS*: weight of a rollout's best later process reward (uct.rollout_value)
     lambda_kv: float = 1.0  # ETS: weight of the KV cost (retained nodes)
     lambda_cov: float = 1.4  # ETS: weight of semantic coverage
     cluster_threshold: float = 0.6  # ETS: cosine distance at which step texts fall in one cluster
@@ -48,6 +49,8 @@ class TreeSearchConfig:
             raise ValueError(f"temperature must be a number > 0, got {self.temperature}")
         if not (math.isfinite(self.c) and self.c >= 0):
             raise ValueError(f"the UCT constant c must be a number >= 0, got {self.c}")
+        if not (math.isfinite(self.rest_alpha) and 0 <= self.rest_alpha <= 1):
+            raise ValueError(f"rest_alpha weighs two values and must lie in [0, 1], got {self.rest_alpha}")
         if not all(math.isfinite(w) and w >= 0 for w in (self.lambda_kv, self.lambda_cov)):
             raise ValueError(f"lambda_kv and lambda_cov must be numbers >= 0, got {self.lambda_kv}, {self.lambda_cov}")
         if self.max_depth < 0:

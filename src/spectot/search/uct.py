@@ -123,6 +123,36 @@ def backup(tree: MctsTree, path: Sequence[int], reward: float) -> MctsTree:
     return replace(tree, visits=visits, value=value)
 
 
+def weighted_backup(tree: MctsTree, path: Sequence[int], leaf_value: float) -> MctsTree:
+    """REST-MCTS*'s update (Zhang et al. 2024, as the authors' MCTS* backs up): N(n) += 1 along the path, the
+    leaf's value becomes ``leaf_value``, and each node above it, from the leaf up, takes the visit-weighted mean
+    of its children's values,  V(n) = sum_c N(c) V(c) / sum_c N(c)  (a child never visited weighs 0).
+
+    W = V N is stored, so Q = W / N reads V. Unlike ``backup``'s running mean, a node follows its children's
+    current values: a leaf that changes value moves its ancestors at once. Worked example: a root whose child
+    a has two children worth 1.0 and 0.0 (one visit each): V(a) = 0.5; a visit that sets the first to 0.2 gives
+    N = (2, 1), V(a) = (2 * 0.2 + 0.0) / 3 = 0.133 (a running mean would say (1.0 + 0.0 + 0.2) / 3 = 0.4).
+    """
+    visits, value = dict(tree.visits), dict(tree.value)
+    for node in path:
+        visits[node] = visits.get(node, 0.0) + 1.0
+    value[path[-1]] = leaf_value * visits[path[-1]]
+    for node in reversed(path[:-1]):
+        kids = tree.children.get(node, ())
+        v = sum(value.get(kid, 0.0) for kid in kids) / sum(visits.get(kid, 0.0) for kid in kids)  # W(c) = V(c) N(c)
+        value[node] = v * visits[node]
+    return replace(tree, visits=visits, value=value)
+
+
+def rollout_value(rewards: Sequence[float], alpha: float) -> float:
+    """What a REST-MCTS* rollout is worth to its first new node: V = (1 - alpha) r_1 + alpha max_{i > 1} r_i,
+    r_1 that node's process reward, the max over the steps the rollout took below it (the authors' greedy
+    rollout; their alpha is 0.5); r_1 alone when the rollout is one step."""
+    if len(rewards) == 1:
+        return rewards[0]
+    return (1.0 - alpha) * rewards[0] + alpha * max(rewards[1:])
+
+
 def add_child(tree: MctsTree, parent: int, child: int, terminal: bool = False, parent_full: bool = False) -> MctsTree:
     """A new tree with ``child`` (unvisited) appended to ``parent``'s children.
 
