@@ -542,6 +542,9 @@ class TreeProfileOptions:
             raise ValueError(f"--tn-max must be >= 1 and --depths >= 2, got {self.tn_max}, {self.depths}")
 
 
+BENCH_TREES_DEFAULTS = {"draft": "edd"}  # DraftOptions for bench trees: it compares draft trees, the n-gram grows none
+
+
 @dataclass(frozen=True)
 class BenchTreesOptions:
     gsm8k: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K JSONL (field 'question')"))

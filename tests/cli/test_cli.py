@@ -283,7 +283,7 @@ def test_verbose_is_taken_after_the_subcommand_too() -> None:
     assert parser.parse_args(["tree", "sequoia", "--acceptance", "0.5", "-v"]).verbose
 
 
-def test_bench_trees_compares_the_trained_drafts_trees_by_default() -> None:
+def test_bench_trees_compares_the_trained_drafts_trees_by_default(capsys) -> None:
     """Run bare it was refused: the shared default draft, n-gram, grows no trees."""
     from spectot.cli.main import build_parser
     from spectot.config import DraftOptions, check_bench
@@ -294,6 +294,9 @@ def test_bench_trees_compares_the_trained_drafts_trees_by_default() -> None:
     check_bench("trees", DraftOptions(draft=args.draft), None, None)
     assert parser.parse_args(["bench", "trees", "--draft", "vdm"]).draft == "vdm"
     assert parser.parse_args(["bench", "tot"]).draft == "ngram"  # the other commands keep theirs
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "trees", "--help"])
+    assert "(default: 'edd')" in " ".join(capsys.readouterr().out.split())  # its help said 'ngram'
 
 
 def test_a_tree_search_resume_of_another_setup_is_refused_before_the_model_loads(capsys, tmp_path) -> None:

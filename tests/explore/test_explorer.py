@@ -822,12 +822,96 @@ def test_an_expansion_cancelled_during_its_reward_counts_its_thought() -> None:
     assert spec.wasted_tokens == 300
 
 
-def test_a_promoted_rollout_that_fails_is_waste_not_a_cancellation() -> None:
+def test_a_fold_rollout_that_fails_is_a_failure_not_a_cancellation() -> None:
     """A fold rollout promoted to primary counted a hit; failing, it was also counted cancelled (and its tokens
-    wasted): a rollout both used and cancelled."""
+    wasted): a rollout both used and cancelled. One never promoted counted cancelled, and ``failed`` stayed 0."""
     explorer = Explorer(Expander(ToyTask(), PROBLEM, ScriptedBackend()), None)
     steps = [Child.make_dummy((), 0), Child.make_dummy((), 1)]
-    explorer.dropped(steps, cancelled=False)
-    assert (explorer.counters.cancelled, explorer.counters.wasted_tokens) == (0, 20)
+    explorer.dropped(steps, failed=True)
+    counters = explorer.counters
+    assert (counters.cancelled, counters.failed, counters.wasted_tokens) == (0, 1, 20)
     explorer.dropped(steps)
-    assert (explorer.counters.cancelled, explorer.counters.wasted_tokens) == (1, 40)
+    assert (counters.cancelled, counters.failed, counters.wasted_tokens) == (1, 1, 40)
+
+
+def test_an_answered_rest_sibling_selected_unvisited_backs_up_its_reward() -> None:
+    """The weighted rule read an unvisited node's value as Q = 0: a REST step's answered sibling (kept out of
+    the rollout, unvisited) backed up 0 when UCT selected it, and stayed 0 on every later visit."""
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 3, 2, 3, alpha=0.5)
+    rollout = _claim(tree, (0,))
+    kept = Child.make_dummy((), 0, reward=0.9, final=True, answer="7")
+    sibling = Child.make_dummy((), 1, reward=0.95, final=True, answer="8")
+    rollout.chain = [[kept, sibling]]
+    _fold(tree, rollout)
+    assert tree.stats.visits.get(2, 0.0) == 0 and tree.dead_end(2) == pytest.approx(0.95)
+    tree.back_up((0, 2), tree.dead_end(2))
+    assert tree.dead_end(2) == pytest.approx(0.95) and tree.stats.stats(0).q == pytest.approx((0.9 + 0.95) / 2)
+
+
+def test_a_failed_fold_rollout_gives_its_child_index_back(monkeypatch) -> None:
+    """A speculative fold rollout that failed kept its child indices: a node whose only indices it took was left
+    open with no children and no index, and UCT kept selecting it as a dead end worth 0 (each one of the budgeted
+    simulations); the failure was counted cancelled, not failed."""
+    import spectot.search.mcts as mcts
+
+    class Deep(ToyTask):
+        depth = 6
+
+    burnt = []
+    dead_end = mcts._Tree.dead_end
+
+    def spy(tree, node):
+        if not tree.nodes[node].final and len(tree.nodes[node].state) < tree.max_depth:
+            burnt.append(node)  # an open node selected as a dead end: its indices were taken and never used
+        return dead_end(tree, node)
+
+    monkeypatch.setattr(mcts._Tree, "dead_end", spy)
+    config = TreeSearchConfig("rest-mcts", budget=16, max_children=2, rest_children=2, dfs_speculation="fold")
+    backend = FlakyBackend(seed=2, failures=3)
+
+    async def main():
+        explorer = Explorer(Expander(Deep(), PROBLEM, backend, "self_eval", seed=2), SharedBudget(k_total=8))
+        try:
+            return await mcts_search(Deep(), PROBLEM, explorer, config), explorer
+        finally:
+            await explorer.close()
+
+    _, explorer = run_virtual(main())
+    assert backend.failures == 0 and burnt == []
+    assert explorer.counters.failed >= 1 and explorer.counters.cancelled == 0
+
+
+def test_a_free_node_hands_a_returned_index_out_first() -> None:
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 2, 2, 3)
+    assert tree.claim(0) == 0 and not tree.free(0)  # width 2 of 2 children: the node is full
+    tree.give_back(0, 0)
+    assert tree.free(0) and tree.claim(0) == 0 and not tree.free(0)
+
+
+@pytest.mark.parametrize("mode", ["exact", "fold"])
+def test_a_cancelled_mcts_search_stops_its_rollout(mode) -> None:
+    """Cancelling the search (another query failed) cancelled the pre-runs only: its own rollout went on asking
+    for its next steps (2 requests at the cancel, 6 twenty seconds later), and a wait task stayed alive."""
+    backend = ScriptedBackend(0, max_latency=1.0)
+
+    async def main():
+        source = PlainSource(Expander(ToyTask(), PROBLEM, backend, "self_eval", seed=7))
+        config = TreeSearchConfig("rstar", budget=8, max_depth=6, dfs_speculation=mode)
+        search = asyncio.create_task(mcts_search(ToyTask(), PROBLEM, source, config))
+        await asyncio.sleep(1.5)
+        search.cancel()
+        await asyncio.gather(search, return_exceptions=True)
+        at_cancel = len(backend.log)
+        await asyncio.sleep(20)
+        alive = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return at_cancel, len(backend.log), alive
+
+    at_cancel, later, alive = run_virtual(main())
+    assert at_cancel > 0 and later == at_cancel and alive == []
+
+
+def test_a_closed_explorer_refuses_expansions() -> None:
+    explorer = Explorer(Expander(ToyTask(), PROBLEM, ScriptedBackend()), None)
+    run_virtual(explorer.close())
+    with pytest.raises(RuntimeError, match="closed: its search is over"):
+        run_virtual(explorer.expand(ChildKey((), 0)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 T = TypeVar("T")
@@ -18,12 +19,15 @@ def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_flags(parser: argparse.ArgumentParser, cls: type, defaults: Mapping[str, Any] | None = None) -> None:
+    """The dataclass's fields as flags; ``defaults`` replaces some fields' defaults for this command (its help
+    shows them)."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = (defaults or {}).get(f.name, default)
         kw: dict[str, Any] = {"dest": f.name, "help": f"{f.metadata.get('help', '')} (default: {default!r})"}
         if f.metadata.get("positional"):
             group.add_argument(f.name, help=f.metadata.get("help", ""), type=str)

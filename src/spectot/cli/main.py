@@ -28,6 +28,7 @@ from spectot.config import (
     TraceOptions,
     BenchDraftsOptions,
     BenchTotOptions,
+    BENCH_TREES_DEFAULTS,
     BenchTreesOptions,
     TrainDraftOptions,
     TreeMeasureOptions,
@@ -94,8 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trees", help="chain / SpecInfer / k_config / Sequoia / PCT / VCT / CaPE / EAGLE-2"
     )
     for cls in (ModelOptions, DraftOptions, BenchTreesOptions):
-        add_flags(bench_trees, cls)
-    bench_trees.set_defaults(draft="edd")  # it compares draft trees: the default n-gram draft grows none
+        add_flags(bench_trees, cls, BENCH_TREES_DEFAULTS)
     bench_drafts = bench_commands.add_parser("drafts", help="n-gram / VDM / EDD / EDD + PCT drafts and ablations")
     for cls in (ModelOptions, BenchDraftsOptions):
         add_flags(bench_drafts, cls)

@@ -186,6 +186,8 @@ class Explorer:
         """The child at ``key``: a speculated one if it exists (a hit), else a primary expansion.
         A speculative rollout's own steps (DFS fold, priority above ``PRIMARY``) run as they are: the rollout
         as a whole is what is speculated (``start``)."""
+        if self._closed:  # a search's leftover task asking after the search ended: nobody would cancel its work
+            raise RuntimeError(f"the explorer of query {self.query} is closed: its search is over")
         if priority != PRIMARY:
             return await self.expander.expand(key, priority)
         job = self._jobs.get(key)
@@ -270,11 +272,14 @@ class Explorer:
         self.counters.saved_expansions += len(expansions)
         self._consumed(expansions)
 
-    def dropped(self, expansions: Sequence[Child], cancelled: bool = True) -> None:
-        """The search gave up a rollout of its own that had run ``expansions`` speculatively (DFS fold: the vote
-        settled, or the rollout failed): their tokens wasted, and one cancelled unless it had been promoted (it
-        counted as a hit then, and it failed rather than being cancelled)."""
-        self.counters.cancelled += int(cancelled)
+    def dropped(self, expansions: Sequence[Child], failed: bool = False) -> None:
+        """The search gave up a rollout of its own that had run ``expansions`` speculatively (DFS fold): the vote
+        settled with it running (one cancelled) or it ``failed`` (one failed, promoted or not); their tokens
+        wasted."""
+        if failed:
+            self.counters.failed += 1
+        else:
+            self.counters.cancelled += 1
         self.counters.wasted_tokens += sum(c.tokens for c in expansions)
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:

@@ -95,11 +95,25 @@ class _Tree:
     max_depth: int
     alpha: float | None = None  # None: rStar's running mean; REST-MCTS*: the weighted update, rollout_value's alpha
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    returned: dict[int, list[int]] = field(default_factory=dict)  # indices of failed fold rollouts, taken first
 
     def free(self, node: int) -> bool:
         """Whether ``node`` may still get children: not terminal, above the depth limit, indices left."""
         open_node = node not in self.stats.terminal and len(self.nodes[node].state) < self.max_depth
-        return open_node and self.next_index.get(node, 0) < self.max_children
+        return open_node and (bool(self.returned.get(node)) or self.next_index.get(node, 0) < self.max_children)
+
+    def claim(self, node: int) -> int:
+        """The child index the next rollout from ``node`` takes: one a failed rollout gave back, else the next."""
+        if self.returned.get(node):
+            return self.returned[node].pop(0)
+        index = self.next_index.get(node, 0)
+        self.next_index[node] = index + self.step(index)
+        return index
+
+    def give_back(self, node: int, index: int) -> None:
+        """A rollout from ``node`` that took ``index`` failed: the next one there takes it again (same keys,
+        same seeds), so the node still gets all its children."""
+        self.returned.setdefault(node, []).append(index)
 
     def step(self, first: int) -> int:
         """Children a step expands from child index ``first``: ``width``, fewer at the node's last indices (max
@@ -129,9 +143,10 @@ class _Tree:
         self.stats = (backup if self.alpha is None else weighted_backup)(self.stats, path, value)
 
     def rollout(self, chain: list[list[Child]]) -> float:
-        """What a rollout brings to the leaf it ends in: 0 if the depth limit cut it before an answer (no answer,
-        no reward); else rStar its terminal reward, REST-MCTS* ``rollout_value`` of its kept steps' process
-        rewards."""
+        """What a rollout brings to the leaf it ends in (and, by the weighted mean, the nodes it grafted above
+        it): 0 if the depth limit cut it before an answer, in both (a dead end: no answer can come from it,
+        where the authors' rollouts are simulations that stop after a few steps and never join the tree); else
+        rStar its terminal reward, REST-MCTS* ``rollout_value`` of its kept steps' process rewards."""
         leaf = chain[-1][0]
         if not leaf.final:
             return 0.0
@@ -139,8 +154,10 @@ class _Tree:
 
     def dead_end(self, node: int) -> float:
         """What selection coming back to a dead end (terminal, or unanswered at the depth limit) backs up: its
-        value again (rStar: its reward, 0 if unanswered)."""
-        if self.alpha is not None:
+        value again; its reward (0 if unanswered) where it has none yet: rStar's every time, and a REST-MCTS
+        step's answered sibling, which joined the tree unvisited (its process reward is its value, as the
+        authors' children start at theirs)."""
+        if self.alpha is not None and self.stats.visits.get(node, 0.0) > 0:
             return self.stats.stats(node).q
         leaf = self.nodes[node]
         return leaf.reward if leaf.final else 0.0
@@ -165,6 +182,7 @@ async def _exact_search(
     progress = asyncio.Event()  # a rollout finished a step: the prediction may change
     leaves: list[Child] = []
     consumed: list[Child] = []
+    run: asyncio.Future | None = None
     try:
         for simulation in range(config.budget):
             path = uct_path(tree.uct_view([]), config.c)
@@ -184,25 +202,26 @@ async def _exact_search(
                     _pre_run(source, tree, rollout, ahead, config.budget - simulation - 1, config.c)
                 woken = asyncio.ensure_future(progress.wait())
                 pre_runs = [t for t, _ in ahead.values() if not t.done()]
-                await asyncio.wait([run, woken, *pre_runs], return_when=asyncio.FIRST_COMPLETED)
-                woken.cancel()
+                try:
+                    await asyncio.wait([run, woken, *pre_runs], return_when=asyncio.FIRST_COMPLETED)
+                finally:  # the search cancelled while it waits, too
+                    woken.cancel()
             run.result()  # a failed expansion fails the search
             leaves += _fold(tree, rollout)
             consumed += [c for step in rollout.chain for c in step]
             if stops(stop, task, leaves):
                 return result_of(task, problem, leaves, consumed, stopped=True)
         return result_of(task, problem, read_open(task, problem, leaves), consumed, stopped=False)
-    finally:
-        for t, _ in ahead.values():
+    finally:  # the search's own rollout too: a search cancelled mid-rollout left it asking for its next steps
+        tasks = [t for t, _ in ahead.values()] + ([run] if run is not None else [])
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*(t for t, _ in ahead.values()), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _claim(tree: _Tree, path: tuple[int, ...], progress: asyncio.Event | None = None) -> _Rollout:
     """The sequential search's rollout from ``path[-1]``: it takes the node's next child index."""
-    rollout = _Rollout(path, tree.next_index.get(path[-1], 0), False, PRIMARY, progress=progress)
-    tree.next_index[path[-1]] = rollout.index + tree.step(rollout.index)
-    return rollout
+    return _Rollout(path, tree.claim(path[-1]), False, PRIMARY, progress=progress)
 
 
 def _pre_run(
@@ -253,7 +272,10 @@ def _predicted(
     """
     visits = tree.stats.visits.get(0, 0.0)
     stand_in = tree.stats.value.get(0, 0.0) / visits if visits else 0.5
-    view = replace(tree, nodes=dict(tree.nodes), next_index=dict(tree.next_index), ids=itertools.count(-1, -1))
+    returned = {node: list(indices) for node, indices in tree.returned.items()}
+    view = replace(
+        tree, nodes=dict(tree.nodes), next_index=dict(tree.next_index), returned=returned, ids=itertools.count(-1, -1)
+    )
 
     def pend(path: tuple[int, ...], index: int) -> None:
         start = view.nodes[path[-1]]
@@ -282,9 +304,8 @@ def _predicted(
         if not view.free(start):
             view.back_up(path, view.dead_end(start))
             continue
-        index = view.next_index.get(start, 0)
+        index = view.claim(start)
         selections.append((view.nodes[start], index))
-        view.next_index[start] = index + view.step(index)
         pend(path, index)
     return selections
 
@@ -303,10 +324,9 @@ async def _folding_search(
     def launch(path: tuple[int, ...], speculative: bool) -> _Rollout:
         nonlocal launched
         start = path[-1]
-        rollout = _Rollout(path, tree.next_index.get(start, 0), speculative, SPECULATIVE if speculative else PRIMARY)
+        rollout = _Rollout(path, tree.claim(start), speculative, SPECULATIVE if speculative else PRIMARY)
         if speculative:  # its steps run at a priority the search raises if it makes the rollout its primary one
             rollout.live = LivePriority(SPECULATIVE)
-        tree.next_index[start] = rollout.index + tree.step(rollout.index)
         # a rollout runs ``width`` expansions at once: it holds that many units of the budget
         running[source.start(_rollout(source, tree, tree.nodes[start], rollout), speculative, tree.width)] = rollout
         launched += 1
@@ -340,14 +360,17 @@ async def _folding_search(
             if not running:
                 break
             woken = asyncio.ensure_future(freed.wait())
-            done, _ = await asyncio.wait([*running, woken], return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
+            try:
+                done, _ = await asyncio.wait([*running, woken], return_when=asyncio.FIRST_COMPLETED)
+            finally:  # the search cancelled while it waits, too
+                woken.cancel()
             for finished in done - {woken}:
                 rollout = running.pop(finished)
                 if rollout.live is not None and finished.exception() is not None:
                     # a rollout started speculatively failed (a timeout, an aborted low-priority request): a
-                    # miss, not the search's failure; another rollout takes its place (its child index is skipped)
-                    source.dropped(rollout.ran_speculatively, cancelled=rollout.speculative)  # promoted: a hit
+                    # miss, not the search's failure; another rollout takes its place, and its child index
+                    source.dropped(rollout.ran_speculatively, failed=True)
+                    tree.give_back(rollout.path[-1], rollout.index)
                     launched -= 1
                     if rollout is primary:
                         primary = None

@@ -108,7 +108,7 @@ class ChildSource(Protocol):
 
     def used(self, expansions: Sequence[Child]) -> None: ...
 
-    def dropped(self, expansions: Sequence[Child], cancelled: bool = True) -> None: ...
+    def dropped(self, expansions: Sequence[Child], failed: bool = False) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -150,7 +150,7 @@ class PlainSource:
     def used(self, expansions: Sequence[Child]) -> None:
         pass
 
-    def dropped(self, expansions: Sequence[Child], cancelled: bool = True) -> None:
+    def dropped(self, expansions: Sequence[Child], failed: bool = False) -> None:
         pass
 
     async def close(self) -> None:
