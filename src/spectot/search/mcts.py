@@ -29,7 +29,7 @@ SPEX's DFS speculation, two ways (``TreeSearchConfig.dfs_speculation``):
 
 exact (default)  the search is the sequential algorithm, step for step. While its rollout runs,
     ``_predicted`` plays the next selections forward with every pending rollout grafted on as far as
-    its steps are known (backed up at its leaf's reward, or the mean reward so far while it runs) and
+    its steps are known (backed up at its value, or the root's value so far while it runs) and
     ``source.spare()`` of them are pre-run: each is a rollout of ``source.ahead`` expansions, kept by
     the explorer under their ``ChildKey``; the likeliest one's steps run at priority ``NEXT``, the
     others' at ``SPECULATIVE`` (a backend may draft for the first only). An
@@ -261,7 +261,7 @@ def _predicted(
 ) -> list[tuple[Child, int]]:
     """(start node, child index) of the next ``n`` selections of the sequential search, likeliest first, with
     the ``pending`` rollout and every predicted one grafted on as far as they are known (``chains``: their
-    steps so far) and backed up at their leaf's reward, or a stand-in while they run (the mean so far).
+    steps so far) and backed up at their value, or a stand-in while they run (the root's value so far).
 
     A rollout still running ends in an unknown child (an id not in ``nodes``). A descent that picks an
     unknown child names no rollout to pre-run: it leaves a virtual visit on its path and the next descent
