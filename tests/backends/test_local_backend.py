@@ -325,3 +325,35 @@ def test_failure_names_the_step_that_stopped_the_engine(pipe, monkeypatch) -> No
             await backend.aclose()
 
     assert "out of memory (injected)" in asyncio.run(main())
+
+
+def test_a_live_priority_ranks_the_request_from_its_submission_and_follows_it(tiny_checkpoint) -> None:
+    """The engine got ``request.priority`` even where the live value said otherwise (it kept the stale rank
+    until the next change); each change reaches ``reprioritize`` until the request resolves."""
+    from concurrent.futures import Future
+
+    from transformers import AutoTokenizer
+
+    from spectot.backends.base import LivePriority
+
+    class Engine:  # what the backend tells the engine, recorded
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+            self.future: Future = Future()
+
+        def submit(self, prompt, config, seed, listener=None, priority=0) -> Future:
+            self.calls.append(("submit", priority))
+            return self.future
+
+        def reprioritize(self, future, priority) -> None:
+            self.calls.append(("reprioritize", priority))
+
+    engine = Engine()
+    backend = LocalEngineBackend(engine=engine, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint))
+    live = LivePriority(2)
+    live.set(0)  # taken over before it was submitted
+    backend._submit(CompletionRequest("w5 w6", priority=2, live_priority=live))
+    live.set(1)
+    engine.future.set_result(None)
+    live.set(2)  # resolved: nobody is told
+    assert engine.calls == [("submit", 0), ("reprioritize", 1)]

@@ -364,7 +364,8 @@ def test_a_token_id_outside_the_vocabulary_fails_alone(tiny_llama) -> None:
 
 
 def test_closing_the_engine_fails_the_requests_it_runs(tiny_llama) -> None:
-    """Nobody waits forever on a closed engine: a running request fails, a queued one is cancelled."""
+    """Nobody waits forever on a closed engine: a running request fails, a queued one too (it was cancelled,
+    which asyncio.wrap_future hands its awaiting task as the task's own cancellation)."""
     engine = ContinuousEngine(Decoder(ModelRunner(tiny_llama())), max_streams=1)
     started = threading.Event()
     running = engine.submit([3, 4], DecodeConfig(max_new_tokens=1500), 0, listener=lambda ids: started.set())
@@ -373,7 +374,9 @@ def test_closing_the_engine_fails_the_requests_it_runs(tiny_llama) -> None:
     engine.close()
     with pytest.raises(RuntimeError, match="engine was closed"):
         running.result(timeout=10)
-    assert queued.cancelled() and engine.counters.cancelled == 1  # the queue drained on close counts
+    with pytest.raises(RuntimeError, match="closed before the request ran"):
+        queued.result(timeout=10)
+    assert (engine.counters.failed, engine.counters.cancelled) == (2, 0)  # the queue drained on close counts
     engine.decoder.prefix_cache.clear()
     assert engine.decoder.runner.cache.used == 0
 
@@ -469,6 +472,7 @@ def test_a_requests_statistics_cover_its_own_time_in_the_engine(tiny_llama) -> N
         assert r.stats.time_total > 0
         assert r.stats.time_verify <= r.stats.time_total
     assert engine.counters.steps == 2 * 7
+    assert engine.counters.target_forwards == 2 * 8  # the prefills too: level engines count them, it did not
 
 
 def test_counters_count_chunk_filling_streams_and_a_cancel_in_the_last_step(tiny_llama) -> None:
@@ -493,3 +497,30 @@ def test_counters_count_chunk_filling_streams_and_a_cancel_in_the_last_step(tiny
         engine.close()
     assert engine.counters.max_live == 2
     assert box[0].cancelled() and (engine.counters.cancelled, engine.counters.finished) == (1, 2)
+
+
+def test_a_prompt_raised_to_primary_while_it_fills_in_chunks_is_filled_at_once(tiny_llama) -> None:
+    """A pre-run the search takes over is raised to primary; if its prompt was being filled in chunks beside the
+    primary steps, it went on trickling in (a 300-token prompt's first token came 75 steps later). Its tokens stay
+    those of plain decoding."""
+    target = tiny_llama()
+    prompt = [(7 * j) % 50 + 3 for j in range(80)]
+    config = DecodeConfig(max_new_tokens=4)
+    want = reference(target, [prompt], config, [5])[0]
+    engine = ContinuousEngine(Decoder(ModelRunner(target)), fill_rows=4)
+    started, first = threading.Event(), {}
+    try:
+        primary = engine.submit([3, 4], DecodeConfig(max_new_tokens=1500), 0, lambda ids: started.set())
+        assert started.wait(60)
+        future = engine.submit(prompt, config, 5, lambda ids: first.setdefault("step", engine.counters.steps), 1)
+        deadline = time.time() + 30
+        while engine.counters.chunked_prefills == 0 and time.time() < deadline:
+            time.sleep(0.0005)
+        promoted_at = engine.counters.steps
+        engine.reprioritize(future, 0)
+        got = future.result(timeout=60).token_ids
+        primary.cancel()
+    finally:
+        engine.close()
+    assert engine.counters.chunked_prefills == 1 and got == want
+    assert first["step"] - promoted_at <= 3  # 4 rows a step would take 20 steps for the 80 tokens

@@ -355,3 +355,13 @@ def test_coupled_all_accepted_takes_the_bonus_draw() -> None:
     p = torch.eye(V)[[2, 5, 7]]
     verdict = verify_chain_coupled(torch.tensor([2, 5]), lambda i: sample_at(p[i], 0, i))
     assert (verdict.num_accepted, verdict.next_token) == (2, 7)
+
+
+def test_a_nan_draft_distribution_rejects_instead_of_accepting_forbidden_tokens() -> None:
+    """A draft whose logits overflowed hands q = NaN: the chain rule's "reject iff u q >= p" read False and
+    accepted every draft token, one the target gives probability 0 too; now it rejects, as the tree rule does."""
+    p = torch.tensor([[0.9, 0.1, 0.0]] * 3)
+    q = torch.full((2, 3), float("nan"))
+    for seed in range(20):
+        verdict = verify_chain(torch.tensor([2, 2]), p, q, torch.Generator().manual_seed(seed))
+        assert verdict.num_accepted == 0 and verdict.next_token in (0, 1)

@@ -147,7 +147,7 @@ class LocalEngineBackend:
             self._config(request),
             self._seed(request),
             listener=listener,
-            priority=request.priority,
+            priority=request.priority if request.live_priority is None else request.live_priority.value,
         )
         if request.live_priority is not None:
             unwatch = request.live_priority.watch(lambda value: self.engine.reprioritize(future, value))

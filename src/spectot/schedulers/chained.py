@@ -39,7 +39,7 @@ class ChainedRun:
     then: list[StreamResult]  # each one's follow-up, in the same order
     first_seconds: float  # until the last first-stage stream ended
     seconds: float  # until everything ended
-    first_forwards: int  # engine steps until then (engine-wide: other callers' streams share them)
+    first_forwards: int  # target forwards until then, prefills too (engine-wide: other callers' streams share them)
     forwards: int
 
 
@@ -60,7 +60,7 @@ class ContinuousLevelEngine:
     def run_chained(self, level: Level, follow: FollowUp) -> ChainedRun:
         """The level, and for each stream the follow-up ``follow(i, result)``, submitted the moment
         stream i ends."""
-        t0, steps0 = time.perf_counter(), self.engine.counters.steps
+        t0, forwards0 = time.perf_counter(), self.engine.counters.target_forwards
         first = [self.engine.submit(p, level.config, seed) for p, seed in zip(level.prompts, level.seeds)]
         stage: dict[Future, tuple[int, int]] = {f: (0, i) for i, f in enumerate(first)}
         second: list[Future | None] = [None] * len(first)
@@ -79,7 +79,8 @@ class ContinuousLevelEngine:
                     pending.add(second[i])
                     first_left -= 1
                     if first_left == 0:
-                        first_seconds, first_forwards = time.perf_counter() - t0, self.engine.counters.steps - steps0
+                        first_forwards = self.engine.counters.target_forwards - forwards0
+                        first_seconds = time.perf_counter() - t0
         except BaseException:
             for f in pending:
                 f.cancel()
@@ -90,7 +91,7 @@ class ContinuousLevelEngine:
             first_seconds,
             time.perf_counter() - t0,
             first_forwards,
-            self.engine.counters.steps - steps0,
+            self.engine.counters.target_forwards - forwards0,
         )
 
     def close(self) -> None:

@@ -56,9 +56,11 @@ class _Request:
 @dataclass
 class EngineCounters:
     steps: int = 0  # target verification forwards
+    target_forwards: int = 0  # every target forward: the verifications and the admitted prompts' prefills
     admitted: int = 0
     finished: int = 0
     cancelled: int = 0  # requests their callers gave up, queued or running
+    failed: int = 0  # requests failed alone (refused by the session, a listener that raised) or by a closed engine
     max_live: int = 0  # the most streams one forward carried (decoding, or filling a prompt in chunks)
     prompt_tokens: int = 0  # of admitted requests
     prompt_tokens_cached: int = 0  # of those, forked from the prefix cache
@@ -124,8 +126,9 @@ class ContinuousEngine:
 
     def reprioritize(self, future: Future[StreamResult], priority: int) -> None:
         """Move a queued or running request to ``priority``: its place in the admission order and whether it gets
-        drafts (``draft_priority``) follow from the next step on (a prompt already being filled in chunks goes on
-        so). Its tokens do not change (each request keeps its seed). A resolved request is left alone."""
+        drafts (``draft_priority``) follow from the next step on, and a prompt being filled in chunks raised to
+        primary (<= 0) is filled at once. Its tokens do not change (each request keeps its seed). A resolved
+        request is left alone."""
         with self._wake:
             request = self._requests.get(future)
             if request is None or request.priority == priority:
@@ -170,12 +173,14 @@ class ContinuousEngine:
         with self._wake:
             while not live and not self._waiting and not self._closed:
                 self._wake.wait()
-            if self._closed:  # queued requests are cancelled, running ones fail: nobody waits on a closed engine
+            if self._closed:  # queued and running requests fail: nobody waits on a closed engine
+                # (a cancelled future would read, through asyncio.wrap_future, as its awaiting task cancelled)
                 for request in self._drain():
-                    request.future.cancel()
-                    self.counters.cancelled += 1
+                    _fail(request.future, RuntimeError("the engine was closed before the request ran"))
+                    self.counters.failed += 1
                 for request in live.values():
                     _fail(request.future, RuntimeError("the engine was closed while the request ran"))
+                    self.counters.failed += 1
                 return None
             admitted = []
             while self._waiting and len(live) + len(admitted) < self.max_streams:
@@ -201,6 +206,7 @@ class ContinuousEngine:
                 [s] = session.add([request.prompt], request.config, [request.seed])
             except Exception as error:  # a bad request (too long, no draft for sd, a seed torch refuses) fails alone
                 _fail(request.future, error)
+                self.counters.failed += 1
                 continue
             live[s.key], streams[s.key] = request, s
             new.append(s)
@@ -213,12 +219,14 @@ class ContinuousEngine:
             self.counters.chunked_prefills += len(chunked)
         if whole:
             session.prefill(whole)
+            self.counters.target_forwards = session.batch.target_forwards
             self._update(session, live, streams, whole, {s.key: 0 for s in whole})
         self.counters.prompt_tokens += sum(len(s.prompt) for s in new)
         self.counters.prompt_tokens_cached = session.cached_tokens
         self.counters.prompt_tokens_prefilled = session.prefilled_tokens
         active = [s for s in streams.values() if s.finish is None and not s.to_fill]
-        waiting = [s for s in streams.values() if s.to_fill]
+        # oldest first, but a prompt raised to primary while it filled goes first and whole (a search took it over)
+        waiting = sorted((s for s in streams.values() if s.to_fill), key=lambda s: live[s.key].priority > 0)
         if not active and not waiting:
             return
         before = {s.key: len(s.generated) for s in active + waiting}
@@ -227,14 +235,16 @@ class ContinuousEngine:
         if not active:  # nothing decodes: prefill the rest at once
             free = sum(s.to_fill for s in waiting)
         filling = []
-        for s in waiting:  # oldest first; at least one token a step, so none waits forever
-            take = min(s.to_fill, max(free, 0 if filling else 1))
+        for s in waiting:  # at least one token a step, so none waits forever
+            primary_now = live[s.key].priority <= 0
+            take = s.to_fill if primary_now else min(s.to_fill, max(free, 0 if filling else 1))
             if take == 0:
                 break
             filling.append((s, take))
             free -= take
         session.verify(active, drafts, filling)
         self.counters.steps += 1
+        self.counters.target_forwards = session.batch.target_forwards
         self.counters.max_live = max(self.counters.max_live, len(active) + len(filling))
         self.counters.prompt_tokens_prefilled = session.prefilled_tokens
         done_filling = [s for s, _ in filling if not s.to_fill]
@@ -266,6 +276,7 @@ class ContinuousEngine:
                 except Exception as error:  # the caller's hook (its event loop closed, ...) fails its request alone
                     log.warning("a token listener failed: dropping its request", exc_info=True)
                     _fail(request.future, error)
+                    self.counters.failed += 1
                     _forget(session, live, streams, s.key)
                     continue
             if s.finish is not None:

@@ -229,7 +229,7 @@ class LocalBackend:
 
 
 def _engine_steps(engine) -> int | None:
-    """The forwards a continuous engine has run so far (its counters; as ``run_chained`` counts), else None."""
+    """The target forwards (prefills too) a continuous engine has run so far, as ``run_chained`` counts; else None."""
     inner = getattr(engine, "engine", None)
     counters = getattr(inner, "counters", None)
-    return None if counters is None else counters.steps
+    return None if counters is None else counters.target_forwards

@@ -50,7 +50,9 @@ def verify_chain(
     q_x = torch.ones(k) if q is None else q[idx, draft]
     fixed = q_x <= 0  # a token q could not have drawn: a fixed candidate, q = one-hot (as the tree rule has it)
     u = torch.rand(k, generator=generator)
-    rejected = (u * q_x.masked_fill(fixed, 1.0) >= p_x).nonzero()  # accept iff u < p/q, written without dividing
+    # accept iff u < p/q, written without dividing and as the acceptance: a NaN q (a draft whose logits
+    # overflowed) then rejects, where "u q >= p" read False and accepted every token, forbidden ones too
+    rejected = (~(u * q_x.masked_fill(fixed, 1.0) < p_x)).nonzero()
     if rejected.numel() == 0:
         return Verdict(k, int(sample(p[k], generator)))
     i = int(rejected[0])  # host sync: the acceptance length decides what to commit
