@@ -651,3 +651,9 @@ def test_a_session_is_closed_once(target) -> None:
         session.close(keep=False)
     assert len(released) == 1
     assert_caches_empty(decoder)
+
+
+def test_a_draft_with_more_real_tokens_than_the_targets_head_is_refused() -> None:
+    """Padding its q onto the target's rows cropped it (a q of 5 tokens on 4 rows summed to 0.8)."""
+    with pytest.raises(ValueError, match="5 real tokens do not fit the target's 4 head rows"):
+        DraftModelProposer(None, tokens=5, target_rows=4)

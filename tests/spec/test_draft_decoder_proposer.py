@@ -795,3 +795,23 @@ def test_a_failed_steps_draft_kv_is_not_kept(target, drafts) -> None:
     assert len(prop.prefixes) == 0 and prop.runner.cache.used == 0
     decoder.generate([prompt], DecodeConfig(method="sd", max_new_tokens=8))  # a step that ends well keeps it
     assert len(prop.prefixes) == 1
+
+
+def test_a_tree_wider_than_the_draft_head_is_refused_by_name(target) -> None:
+    """--draft-head 2 under a k_config (3, 1) tree drafted into an IndexError (the tree asked for ranks the head
+    does not hold); a policy handed per request (a tree budget's) is checked too."""
+    narrow = make_draft(target, "vdm", torch.tensor([5, 7]))
+    wide = StaticPolicy(tuple(k_config_tree((3, 1))))
+    with pytest.raises(ValueError, match="3 children per node but the draft head holds 2 tokens: raise --draft-head"):
+        proposer(narrow, wide)
+    prop = proposer(narrow)
+    request = DraftRequest(0, torch.tensor([3, 17, 42]), 2, policy=wide)
+    with pytest.raises(ValueError, match="raise --draft-head"):
+        prop.propose([request], SamplingParams(), None)
+    with pytest.raises(ValueError, match="children must be one of top, without_replacement"):
+        proposer(narrow, children="bogus")
+
+
+def test_a_nan_pct_threshold_is_refused() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        PCTPolicy(threshold=float("nan"))

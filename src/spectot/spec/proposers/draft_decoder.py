@@ -45,7 +45,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -92,6 +92,8 @@ class DraftDecoderProposer:
     ) -> None:
         if lookup < 0:
             raise ValueError(f"the prompt-lookup match length must be >= 0 (0: off), got {lookup}")
+        if children not in get_args(ChildSampling):
+            raise ValueError(f"children must be one of {', '.join(get_args(ChildSampling))}, got {children!r}")
         refuse_sampled_pruning(policy, children)
         self.draft = draft
         self.runner = runner
@@ -106,6 +108,7 @@ class DraftDecoderProposer:
         self.hidden_layer = draft.config.hidden_layer  # the decoder passes these target hidden states
         self._head_ids = draft.head_ids.cpu()  # the drafting logic runs on the host, on host logits
         self._head_list = self._head_ids.tolist()
+        self._fits_head(policy)
         self._embedding = draft.model.get_input_embeddings().weight
         proj = draft.hidden_proj
         self._hidden_proj = None if proj is None else runner.prepare_linear(proj.weight, proj.bias)
@@ -134,8 +137,9 @@ class DraftDecoderProposer:
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
         requests = [self._with_unread(r) for r in requests]
         policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
-        if mode != "top":  # a tree budget may hand out another policy than the proposer's own
-            for policy in policies.values():
+        for policy in policies.values():  # a tree budget may hand out another policy than the proposer's own
+            self._fits_head(policy)
+            if mode != "top":
                 refuse_sampled_pruning(policy, mode)
         # a tree of the root alone (the hardware-aware rule picks n = 1 for a large batch) drafts nothing
         active = [r for r in requests if r.k > 0 and self._room(r) > 0 and policies[r.key].max_depth > 0]
@@ -496,10 +500,18 @@ class DraftDecoderProposer:
         if r.policy is not None:
             return r.policy
         if self.policy is None:
-            return _chain_policy(max(r.k, 1) + 1)
+            return _chain_policy(max(r.k, 1))
         if isinstance(self.policy, PCTPolicy):
             return _pct_for_streams(self.policy, streams)
         return self.policy
+
+    def _fits_head(self, policy: TreePolicy | None) -> None:
+        """A tree wider than the draft's head asks for children it cannot name (an IndexError mid-draft)."""
+        if policy is not None and policy.max_children > len(self._head_list):
+            raise ValueError(
+                f"the tree asks for {policy.max_children} children per node but the draft head holds "
+                f"{len(self._head_list)} tokens: raise --draft-head (0: the whole head) or narrow the tree"
+            )
 
     def _room(self, r: DraftRequest) -> int:
         return self.runner.max_context - r.tokens.numel()

@@ -34,6 +34,8 @@ class DraftModelProposer:
     def __init__(
         self, runner: ModelRunner, name: str = "model", tokens: int | None = None, target_rows: int | None = None
     ) -> None:
+        if tokens is not None and target_rows is not None and tokens > target_rows:  # padding q would crop it
+            raise ValueError(f"the draft's {tokens} real tokens do not fit the target's {target_rows} head rows")
         self.runner = runner
         self.name = name
         self.tokens, self.target_rows = tokens, target_rows  # (not ``width``: that names an n-gram tree's width)

@@ -195,7 +195,7 @@ class PCTPolicy:
     verify_cost: Callable[[float], float] | None = None  # t(n) / t(1) of a target forward over n rows
 
     def __post_init__(self) -> None:
-        if self.threshold < 0 or self.leaf_threshold < 0:
+        if not (self.threshold >= 0 and self.leaf_threshold >= 0):  # NaN too: it never expanded, drafted nothing
             raise ValueError(
                 f"threshold (s_d / s_t) and leaf_threshold must be >= 0, got {self.threshold}, {self.leaf_threshold}"
             )
