@@ -815,3 +815,22 @@ def test_a_tree_wider_than_the_draft_head_is_refused_by_name(target) -> None:
 def test_a_nan_pct_threshold_is_refused() -> None:
     with pytest.raises(ValueError, match="threshold"):
         PCTPolicy(threshold=float("nan"))
+
+
+def test_pct_prices_its_tree_for_every_stream_of_the_forward(drafts) -> None:
+    """The decoder drafts each sampling group in its own call, and PCT priced the tree for that group's streams
+    only: with 4 greedy and 4 sampled streams sharing a forward, each tree was sized by t(4 n) / t(4), too big
+    where rows are not free. ``DraftRequest.streams`` now names the forward's streams."""
+    from spectot.spec.trees.sizing import TCurve
+
+    steep = TCurve(((1, 1.0), (4, 1.05), (8, 2.0), (64, 40.0)))  # 4 rows nearly free, then each costs
+    policy = PCTPolicy(threshold=0.0, width=2, max_depth=4, max_nodes=16, verify_cost=steep)
+    tokens = torch.tensor([3, 17, 42])
+
+    def nodes(streams: int) -> int:
+        prop = proposer(drafts["vdm"], policy)
+        requests = [DraftRequest(i, tokens, 4, streams=streams) for i in range(2)]
+        return sum(d.tokens.numel() for d in prop.propose(requests, SamplingParams(), None))
+
+    alone, shared = nodes(0), nodes(8)  # priced for the call's 2 streams, then for the forward's 8
+    assert shared < alone, (shared, alone)

@@ -430,7 +430,7 @@ class DecodeSession:
                     continue
                 if width > 1:
                     tree = _fan_chain_policy(width, k)
-            requests = [self._draft_request(streams[i], tree, k) for i in members]
+            requests = [self._draft_request(streams[i], tree, k, len(streams)) for i in members]
             for i, d in zip(members, self.proposer.propose(requests, sampling, None)):
                 if look_first and d.tokens.numel():
                     d = d.cut(adapt.choose(sampling, d.tokens.numel(), len(streams), d.match, len(members)))
@@ -443,13 +443,23 @@ class DecodeSession:
                 self.decoder.draft_length.observe_draft(seconds, forwards, len(members))
         return drafts
 
-    def _draft_request(self, s: _Stream, policy: TreePolicy | None, k: int | None = None) -> DraftRequest:
+    def _draft_request(
+        self, s: _Stream, policy: TreePolicy | None, k: int | None = None, streams: int = 0
+    ) -> DraftRequest:
         hidden = torch.cat(s.unseen_hidden) if s.unseen_hidden else None
         s.unseen_hidden = []
         k = _draft_room(s) if k is None else min(k, _draft_room(s))
         noise = None if s.config.sampling.greedy else s.noise
         return DraftRequest(
-            s.key, s.tokens, k, hidden, generator=s.generator, policy=policy, noise=noise, position=len(s.generated)
+            s.key,
+            s.tokens,
+            k,
+            hidden,
+            generator=s.generator,
+            policy=policy,
+            noise=noise,
+            position=len(s.generated),
+            streams=streams,
         )
 
     def verify(

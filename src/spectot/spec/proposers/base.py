@@ -33,6 +33,7 @@ class DraftRequest:
     # does; None under greedy decoding
     noise: CoupledNoise | None = None
     position: int = 0  # j of the draft's first token (tokens generated so far)
+    streams: int = 0  # the streams sharing the target forward this draft is verified in (0: the propose call's)
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,8 @@ class DraftDecoderProposer:
         draft_params = SamplingParams(do_sample=True, temperature=1.0) if params.greedy else params
         blocks = {r.key: _Block([int(r.tokens[-1])]) for r in requests}
         requests = [self._with_unread(r) for r in requests]
-        policies = {r.key: self._policy_for(r, len(requests)) for r in requests}
+        # PCT prices a tree by the forward it is verified in: every stream's, not only this sampling group's
+        policies = {r.key: self._policy_for(r, r.streams or len(requests)) for r in requests}
         for policy in policies.values():  # a tree budget may hand out another policy than the proposer's own
             self._fits_head(policy)
             if mode != "top":
