@@ -370,24 +370,39 @@ DIST_STREAMS = 25  # streams per generate call; each stream is an independent dr
 
 
 @torch.no_grad()
-def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float]:
-    """P(t_1..t_n) = prod_i P(t_i | prompt, t_<i) under temperature-1 sampling, from HF logits."""
+def exact_joint(model, prompt: list[int], n: int, top_k: int = 0, top_p: float = 1.0) -> dict[tuple[int, ...], float]:
+    """P(t_1..t_n) = prod_i P(t_i | prompt, t_<i) under temperature-1 sampling, from HF logits; with ``top_k`` /
+    ``top_p`` each row keeps its k likeliest tokens, then the likeliest whose more likely ones hold < top_p of the
+    mass (the row's first always), renormalised (written here on its own, not spectot's ``target_probs``)."""
     probs: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n):
         prefixes = list(probs)
         rows = torch.tensor([prompt + list(s) for s in prefixes], device=model.device)
         p = model(rows).logits[:, -1].double().softmax(-1).cpu()
+        for row in p:
+            order = sorted(range(DIST_VOCAB), key=lambda v: -float(row[v]))
+            keep = order[:top_k] if top_k else order
+            kept = row[keep] / row[keep].sum()
+            ahead = torch.cumsum(kept, 0) - kept
+            keep = [v for v, mass in zip(keep, ahead.tolist()) if mass < top_p or v == order[0]]
+            truncated = torch.zeros_like(row)
+            truncated[keep] = row[keep] / row[keep].sum()
+            row.copy_(truncated)
         probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(prefixes) for v in range(DIST_VOCAB)}
-    return probs
+    return {s: q for s, q in probs.items() if q > 0}
 
 
-def sample_counts(decoder: Decoder, method: str, prompt: list[int], calls: int) -> tuple[Counter, int, int]:
+def sample_counts(
+    decoder: Decoder, method: str, prompt: list[int], calls: int, sampling: SamplingParams = SAMPLE
+) -> tuple[Counter, int, int]:
     """Seeds 0..calls-1, DIST_STREAMS copies of the prompt per call: counts of each token sequence,
     and the draft tokens proposed and accepted in all."""
     counts: Counter = Counter()
     proposed = accepted = 0
     for seed in range(calls):
-        config = DecodeConfig(max_new_tokens=DIST_TOKENS, sampling=SAMPLE, method=method, num_draft_tokens=2, seed=seed)
+        config = DecodeConfig(
+            max_new_tokens=DIST_TOKENS, sampling=sampling, method=method, num_draft_tokens=2, seed=seed
+        )
         for out in decoder.generate([prompt] * DIST_STREAMS, config):
             counts[tuple(out.token_ids)] += 1
             proposed += out.stats.proposed
@@ -401,8 +416,8 @@ def chi_square_pvalue(counts: Counter, exact: dict[tuple[int, ...], float]) -> f
     assert set(counts) <= set(exact)
     big = [s for s in exact if exact[s] * n >= 5]
     small = [s for s in exact if exact[s] * n < 5]
-    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
-    expected = [exact[s] * n for s in big] + [sum(exact[s] for s in small) * n]
+    observed = [counts[s] for s in big] + ([sum(counts[s] for s in small)] if small else [])
+    expected = [exact[s] * n for s in big] + ([sum(exact[s] for s in small) * n] if small else [])
     total = sum(expected)
     return float(chisquare(observed, [e * n / total for e in expected]).pvalue)
 
@@ -657,3 +672,19 @@ def test_a_draft_with_more_real_tokens_than_the_targets_head_is_refused() -> Non
     """Padding its q onto the target's rows cropped it (a q of 5 tokens on 4 rows summed to 0.8)."""
     with pytest.raises(ValueError, match="5 real tokens do not fit the target's 4 head rows"):
         DraftModelProposer(None, tokens=5, target_rows=4)
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_sd_sampling_with_top_k_and_top_p_matches_the_truncated_target_joint(dist_models, draft: str) -> None:
+    """The joint tests above sample at temperature 1 alone: here the target's rows are cut by top-k 3 and top-p 0.8
+    (the draft's q, sampled under the same cut, puts mass where the target's cut rows put none, and is rejected
+    there); sd's sequences follow the truncated target's joint, and none leaves its support."""
+    target, draft_model = dist_models
+    prompt = DIST_PROMPT if draft == "model" else [1, 2, 3, 1, 2]
+    exact = exact_joint(target, prompt, DIST_TOKENS, top_k=3, top_p=0.8)
+    assert len(exact) < DIST_VOCAB**DIST_TOKENS / 4  # the cut removes most sequences
+    proposer = DraftModelProposer(ModelRunner(draft_model)) if draft == "model" else NgramProposer()
+    sampling = SamplingParams(do_sample=True, temperature=1.0, top_k=3, top_p=0.8)
+    counts, proposed, accepted = sample_counts(Decoder(ModelRunner(target), (), proposer), "sd", prompt, 80, sampling)
+    assert 0 < accepted < proposed
+    assert chi_square_pvalue(counts, exact) > 1e-3  # (its first assert: every sequence drawn is in the support)
