@@ -96,3 +96,18 @@ def test_a_new_source_reaches_the_build_command_whatever_its_timestamp(tmp_path:
         pytest.skip("no AVX2 build on this machine")
     kernels._sources_digest.cache_clear()
     assert f"-DSPECTOT_SOURCES={kernels._sources_digest()}" in seen[0]
+
+
+def test_a_home_it_cannot_write_falls_back_to_torch(monkeypatch, tmp_path, caplog) -> None:
+    """The build folder was made outside the fallback's try: a $SPECTOT_HOME under a file (or read-only) raised
+    OSError out of every kernel loader instead of decoding on torch's ops."""
+    from spectot.engine import kernels
+
+    if not kernels.cpu_has("avx2", "fma"):
+        pytest.skip("no AVX2 build on this machine")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(kernels, "spectot_home", lambda: blocker / "home")  # a folder under a file: mkdir fails
+    with caplog.at_level("WARNING"):
+        assert kernels._build_avx2("noise", "torch's ops") is None
+    assert "could not build the noise kernel" in caplog.text

@@ -63,10 +63,10 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
     name = f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else "") + ("_amx" if amx else "")
     torch_key = _torch_build_key(torch.__version__, Path(torch.__file__).parent.resolve())
     build = spectot_home() / "kernels" / torch_key / name  # one folder per build: torch install x module x ISA
-    build.mkdir(parents=True, exist_ok=True)
     isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
     isa += ["-mamx-tile", "-mamx-bf16"] if amx else []
     try:
+        build.mkdir(parents=True, exist_ok=True)  # in the try: a $SPECTOT_HOME it cannot write falls back too
         with _exclusive_build(build, source), _package_ninja_first():
             if _needs_build(build, name):
                 logger.info("building the %s kernel (first use; a few minutes)", source)
@@ -190,7 +190,8 @@ def tree_attention() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torc
     one each). Returns out (H, N, D) fp32, out[h, r] = softmax(scale * q[h, r] k^T) v over those slots; with
     ``rows_bf16=True`` (bf16 inputs) the same values rounded to bf16 in row-major (N, H * D), the o-projection's
     input, equal to ``out.to(torch.bfloat16).transpose(0, 1).reshape(N, -1)`` without those three ops.
-    Raises RuntimeError on inputs it does not take (the caller falls back to torch).
+    Raises RuntimeError on inputs it does not take (the runner hands it only shapes it takes:
+    ``pick_attention_kernel``).
     """
     module = _build_avx2("tree_attention", "torch attention", **_wide_isa())
     return None if module is None else module.tree_attention
