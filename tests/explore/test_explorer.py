@@ -915,3 +915,24 @@ def test_a_closed_explorer_refuses_expansions() -> None:
     run_virtual(explorer.close())
     with pytest.raises(RuntimeError, match="closed: its search is over"):
         run_virtual(explorer.expand(ChildKey((), 0)))
+
+
+def test_a_failed_primary_expansion_runs_afresh_when_asked_again() -> None:
+    """A failed primary expansion stayed in the explorer's cache: a fold rollout that failed gave its child index
+    back, the next rollout asked for the same keys, met the stored failure and failed the search."""
+
+    class FailsOnce(ScriptedBackend):
+        async def complete(self, request: CompletionRequest) -> Completion:
+            if not getattr(self, "failed", False):
+                self.failed = True
+                raise RuntimeError("a timeout")
+            return await super().complete(request)
+
+    explorer = Explorer(Expander(ToyTask(), PROBLEM, FailsOnce()), None)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="a timeout"):
+            await explorer.expand(ChildKey((), 0))
+        return await explorer.expand(ChildKey((), 0))
+
+    assert run_virtual(main()).key == ChildKey((), 0)

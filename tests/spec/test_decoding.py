@@ -688,3 +688,27 @@ def test_sd_sampling_with_top_k_and_top_p_matches_the_truncated_target_joint(dis
     counts, proposed, accepted = sample_counts(Decoder(ModelRunner(target), (), proposer), "sd", prompt, 80, sampling)
     assert 0 < accepted < proposed
     assert chi_square_pvalue(counts, exact) > 1e-3  # (its first assert: every sequence drawn is in the support)
+
+
+def test_each_sampling_group_drafts_knowing_every_stream_of_the_forward(target) -> None:
+    """The decoder drafts each sampling group in its own proposer call; a tree priced per forward (PCT) was told
+    only its group's streams. ``DraftRequest.streams`` names the forward's."""
+
+    class Seen(NgramProposer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.streams: list[int] = []
+
+        def propose(self, requests, params, generator):
+            self.streams += [r.streams for r in requests]
+            return super().propose(requests, params, generator)
+
+    proposer = Seen()
+    prompt = CASES[0][0]
+    greedy = DecodeConfig(max_new_tokens=4, method="sd", num_draft_tokens=3)
+    hot = DecodeConfig(max_new_tokens=4, method="sd", num_draft_tokens=3, sampling=SAMPLE)
+    with Decoder(ModelRunner(target), (), proposer).session([prompt], greedy) as session:
+        session.add([prompt, prompt], hot)
+        session.prefill(session.streams)
+        session.propose(session.streams)
+    assert proposer.streams == [3, 3, 3]  # two calls (one a group), each told the forward's 3 streams

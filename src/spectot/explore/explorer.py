@@ -53,7 +53,7 @@ class SpecCounters:
     speculated: int = 0
     hits: int = 0
     cancelled: int = 0
-    failed: int = 0  # speculative expansions that failed (a timeout, an aborted request): misses, run again if needed
+    failed: int = 0  # speculative expansions and fold rollouts that failed (a timeout, an aborted request): misses
     wasted_tokens: int = 0
     used_tokens: int = 0
     budget_peak: int = 0  # most speculative expansions in flight at once
@@ -201,13 +201,13 @@ class Explorer:
                 self._count_primary(job.task)
         job.used = True
         try:
-            child = await asyncio.shield(job.task)  # a caller giving up must not cancel a shared expansion
+            child = await self._result(key, job)
         except Exception:  # failed before or while awaited
             if not job.speculative:
                 raise  # primary work failed: the search fails, as the plain one would
             self.counters.failed += 1  # a speculative failure is a miss: the search runs the expansion itself
             job = self._jobs[key] = _Job(self._primary(key), False, used=True)
-            child, hit = await asyncio.shield(job.task), False
+            child, hit = await self._result(key, job), False
         if hit:
             self.counters.hits += 1
             self.counters.saved_expansions += 1
@@ -271,6 +271,17 @@ class Explorer:
         """The search consumed ``expansions`` that ran speculatively (a DFS rollout's speculative steps)."""
         self.counters.saved_expansions += len(expansions)
         self._consumed(expansions)
+
+    async def _result(self, key: ChildKey, job: _Job) -> Child:
+        """The job's child (a caller giving up must not cancel a shared expansion: shielded). A failed job leaves
+        the cache, so the key runs afresh when asked again: a fold rollout that failed gives its child index back
+        and the next one asks for the same keys (it met the stored failure and failed the search)."""
+        try:
+            return await asyncio.shield(job.task)
+        except Exception:
+            if self._jobs.get(key) is job:
+                del self._jobs[key]
+            raise
 
     def dropped(self, expansions: Sequence[Child], failed: bool = False) -> None:
         """The search gave up a rollout of its own that had run ``expansions`` speculatively (DFS fold): the vote

@@ -5,7 +5,7 @@ One simulation (llm-reasoners' phases):
     _rollout   rStar: one new child, then steps to a terminal answer (at most ``max_depth``);
                REST-MCTS: each step expands ``rest_children`` children (fewer at a node's last indices,
                so it gets all ``max_children``) and keeps the best by process reward
-    _fold      the rollout's nodes join the tree; its terminal reward is backed up along the path
+    _fold      the rollout's nodes join the tree; its value (rStar: its terminal reward) is backed up along the path
 ``budget`` simulations in all; the answer is the weighted vote over the terminal leaves (REST-MCTS: with the
 answered siblings a step expanded and did not keep).
 
@@ -265,7 +265,7 @@ def _predicted(
 
     A rollout still running ends in an unknown child (an id not in ``nodes``). A descent that picks an
     unknown child names no rollout to pre-run: it leaves a virtual visit on its path and the next descent
-    hedges on the likeliest known alternative. A dead end is backed up with its own reward, as the search
+    hedges on the likeliest known alternative. A dead end is backed up with its own value, as the search
     does. Worked example (rStar, 3 children a node): the search's first rollout pending at the root with
     nothing known yet, n = 3 -> [(root, 1), (root, 2)]: the root's indices 1 and 2 come whatever the
     rewards; the third descent enters the unknown child of index 0 (nothing known below it to pre-run).
@@ -426,7 +426,7 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
 
 
 def _fold(tree: _Tree, r: _Rollout) -> list[Child]:
-    """Add the rollout's nodes and back up its reward; returns the leaves it brings to the vote: its last child
+    """Add the rollout's nodes and back up its value; returns the leaves it brings to the vote: its last child
     (terminal, or unanswered at the depth limit), then REST-MCTS's finished siblings it did not keep (answers the
     search paid for: left out, they never voted, and UCT's first visit to one only backed its reward up again)."""
     path, leaf = _graft(tree, r.path, r.chain), r.chain[-1][0]
