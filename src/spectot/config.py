@@ -969,6 +969,8 @@ class BenchSpexOptions:
             )
         parse_names(self.searches, "--searches", TREE_SEARCHES)
         parse_int_list(self.in_flight, "--in-flight")
+        if not (self.gsm8k or self.math500):  # it measured throughput and wrote an empty table, exit 0
+            raise ValueError("--gsm8k and --math500 are both empty: give at least one question file")
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,22 @@ def test_draw_gantt_empty_timeline_raises(tmp_path):
     with pytest.raises(ValueError, match="no intervals"):
         draw_gantt(Timeline(origin=0.0), out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("interval", "message"),
+    [
+        ({"stream": 0, "phase": "verify", "start": "0", "end": 1.0}, "start and end are seconds"),
+        ({"stream": 0, "phase": "verify", "start": 5.0, "end": 1.0}, "ends \\(1.0\\) before it starts"),
+        ({"stream": 0, "phase": "think", "start": 0.0, "end": 1.0}, "phase is draft, wait or verify"),
+    ],
+)
+def test_a_hand_edited_trace_is_refused_by_what_is_wrong(tmp_path, interval, message) -> None:
+    """String times raised a TypeError traceback from `spectot trace`; an interval ending before it starts
+    reported a negative wall time with exit 0."""
+    from spectot.data.jsonl import DataError
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"intervals": [interval]}))
+    with pytest.raises(DataError, match=message):
+        Timeline.load(path)

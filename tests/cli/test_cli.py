@@ -212,6 +212,11 @@ def test_generate_out_appends_batches_and_resumes_after_a_kill(capsys, checkpoin
         Path(str(out) + ".run.json").write_text(torn)
         code, _, err = run(capsys, *argv)
         assert code == 2 and "out.jsonl.run.json: not the setup `spectot generate` writes" in err
+    # without its setup file a resume could mix setups too (another temperature was taken and appended)
+    Path(str(out) + ".run.json").unlink()
+    code, _, err = run(capsys, *argv, "--temperature", "1.0")
+    assert code == 2 and "holds 1 generations but no out.jsonl.run.json" in err
+    assert out.read_text() == full[0] + "\n"
 
 
 def test_generate_out_refuses_another_jobs_file(capsys, checkpoint, tmp_path) -> None:

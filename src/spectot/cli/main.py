@@ -411,7 +411,12 @@ def _check_generation_run(out: str, model, sampling, options, draft, done: int) 
         "draft": draft.draft if options.method == "sd" else None,
     }
     record = Path(out + ".run.json")
-    if done and record.exists():
+    if done and not record.exists():  # its setup is unknown: resuming could mix two setups' generations
+        raise ValueError(
+            f"{out} holds {done} generations but no {record.name} saying what setup made them: write to another "
+            "--out (or move the file aside)"
+        )
+    if done:
         try:
             before = json.loads(record.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -25,6 +25,14 @@ class Interval:
     level: int = 0  # which tree level / scheduled batch the stream belongs to
     component: str = ""  # "TG" (thought generation) or "SE" (state evaluation)
 
+    def __post_init__(self) -> None:  # a hand-edited trace: named, not a TypeError or a negative wall time
+        if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in (self.start, self.end)):
+            raise ValueError(f"an interval's start and end are seconds, got {self.start!r}, {self.end!r}")
+        if self.end < self.start:
+            raise ValueError(f"an interval ends ({self.end}) before it starts ({self.start})")
+        if self.phase not in ("draft", "wait", "verify"):
+            raise ValueError(f"an interval's phase is draft, wait or verify, got {self.phase!r}")
+
 
 @dataclass
 class Timeline:
@@ -73,5 +81,5 @@ class Timeline:
             return cls.from_json(json.loads(Path(path).read_text()))
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: not a spectot trace (expected {{'intervals': [...]}}; {err})") from None
