@@ -68,6 +68,7 @@ from spectot.config import (
         (lambda: BenchSpexOptions(searches="tot-bfs"), "--searches: choose from"),
         (lambda: BenchSpexOptions(in_flight="1,0"), "--in-flight"),
         (lambda: BenchSpexOptions(gsm8k="", math500=""), "--gsm8k and --math500 are both empty"),
+        (lambda: TreeSearchOptions(rest_children=0), "--rest-children must be >= 1, got 0"),
         (lambda: BenchTreesOptions(temperatures="0,hot"), "--temperatures"),
         (lambda: BenchTreesOptions(chain_k=0), "--chain-k"),
         (lambda: BenchDraftsOptions(k=0), "--k and --max-new-tokens"),

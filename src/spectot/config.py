@@ -542,7 +542,7 @@ class TreeProfileOptions:
             raise ValueError(f"--tn-max must be >= 1 and --depths >= 2, got {self.tn_max}, {self.depths}")
 
 
-BENCH_TREES_DEFAULTS = {"draft": "edd"}  # DraftOptions for bench trees: it compares draft trees, the n-gram grows none
+TRAINED_DRAFT_DEFAULTS = {"draft": "edd"}  # DraftOptions of bench trees, tree measure / profile: the n-gram has no q
 
 
 @dataclass(frozen=True)
@@ -845,8 +845,9 @@ class TreeSearchOptions:
     )
 
     def __post_init__(self) -> None:
-        if min(self.budget, self.max_children, self.rest_children, self.queries_in_flight, self.min_answers) < 1:
-            raise ValueError("--budget, --max-children, --rest-children, --queries-in-flight, --min-answers: >= 1")
+        for name in ("budget", "max_children", "rest_children", "queries_in_flight", "min_answers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         require_finite(
             balance_temperature=self.balance_temperature,
             lambda_kv=self.lambda_kv,

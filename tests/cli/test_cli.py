@@ -299,6 +299,8 @@ def test_bench_trees_compares_the_trained_drafts_trees_by_default(capsys) -> Non
     check_bench("trees", DraftOptions(draft=args.draft), None, None)
     assert parser.parse_args(["bench", "trees", "--draft", "vdm"]).draft == "vdm"
     assert parser.parse_args(["bench", "tot"]).draft == "ngram"  # the other commands keep theirs
+    for tool in ("measure", "profile"):  # they need a draft with probabilities too (their --help said 'ngram')
+        assert parser.parse_args(["tree", tool]).draft == "edd"
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "trees", "--help"])
     assert "(default: 'edd')" in " ".join(capsys.readouterr().out.split())  # its help said 'ngram'

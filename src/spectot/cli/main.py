@@ -28,7 +28,7 @@ from spectot.config import (
     TraceOptions,
     BenchDraftsOptions,
     BenchTotOptions,
-    BENCH_TREES_DEFAULTS,
+    TRAINED_DRAFT_DEFAULTS,
     BenchTreesOptions,
     TrainDraftOptions,
     TreeMeasureOptions,
@@ -77,10 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         "measure", help="measure the positional acceptance vector of a draft on real prompts"
     )
     for cls in (ModelOptions, DraftOptions, TreeMeasureOptions):
-        add_flags(measure, cls)
+        add_flags(measure, cls, TRAINED_DRAFT_DEFAULTS)
     profile = tree_commands.add_parser("profile", help="measure t(n) and the draft step cost c on this machine")
     for cls in (ModelOptions, DraftOptions, TreeProfileOptions):
-        add_flags(profile, cls)
+        add_flags(profile, cls, TRAINED_DRAFT_DEFAULTS)
 
     train = commands.add_parser("train-draft", help="train an EDD or VDM draft for a target (resumable)")
     for cls in (ModelOptions, TrainDraftOptions):
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trees", help="chain / SpecInfer / k_config / Sequoia / PCT / VCT / CaPE / EAGLE-2"
     )
     for cls in (ModelOptions, DraftOptions, BenchTreesOptions):
-        add_flags(bench_trees, cls, BENCH_TREES_DEFAULTS)
+        add_flags(bench_trees, cls, TRAINED_DRAFT_DEFAULTS)
     bench_drafts = bench_commands.add_parser("drafts", help="n-gram / VDM / EDD / EDD + PCT drafts and ablations")
     for cls in (ModelOptions, BenchDraftsOptions):
         add_flags(bench_drafts, cls)
