@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 Phase = Literal["draft", "wait", "verify"]
 
@@ -24,14 +24,6 @@ class Interval:
     end: float
     level: int = 0  # which tree level / scheduled batch the stream belongs to
     component: str = ""  # "TG" (thought generation) or "SE" (state evaluation)
-
-    def __post_init__(self) -> None:  # a hand-edited trace: named, not a TypeError or a negative wall time
-        if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in (self.start, self.end)):
-            raise ValueError(f"an interval's start and end are seconds, got {self.start!r}, {self.end!r}")
-        if self.end < self.start:
-            raise ValueError(f"an interval ends ({self.end}) before it starts ({self.start})")
-        if self.phase not in ("draft", "wait", "verify"):
-            raise ValueError(f"an interval's phase is draft, wait or verify, got {self.phase!r}")
 
 
 @dataclass
@@ -67,7 +59,7 @@ class Timeline:
 
     @classmethod
     def from_json(cls, obj: dict) -> Timeline:
-        return cls([Interval(**i) for i in obj["intervals"]], origin=0.0)
+        return cls([_checked(Interval(**i)) for i in obj["intervals"]], origin=0.0)
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -83,3 +75,15 @@ class Timeline:
             raise DataError(f"{path}: no such file") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: not a spectot trace (expected {{'intervals': [...]}}; {err})") from None
+
+
+def _checked(interval: Interval) -> Interval:
+    """An interval read from a file (hand-edited, maybe): named when wrong, not a TypeError or a negative wall
+    time later. ``Timeline.add`` makes only well-formed ones, so the recording path skips this."""
+    if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in (interval.start, interval.end)):
+        raise ValueError(f"an interval's start and end are seconds, got {interval.start!r}, {interval.end!r}")
+    if interval.end < interval.start:
+        raise ValueError(f"an interval ends ({interval.end}) before it starts ({interval.start})")
+    if interval.phase not in get_args(Phase):
+        raise ValueError(f"an interval's phase is draft, wait or verify, got {interval.phase!r}")
+    return interval

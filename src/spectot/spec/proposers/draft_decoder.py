@@ -138,10 +138,11 @@ class DraftDecoderProposer:
         requests = [self._with_unread(r) for r in requests]
         # PCT prices a tree by the forward it is verified in: every stream's, not only this sampling group's
         policies = {r.key: self._policy_for(r, r.streams or len(requests)) for r in requests}
-        for policy in policies.values():  # a tree budget may hand out another policy than the proposer's own
-            self._fits_head(policy)
+        for r in requests:  # a tree budget may hand out another policy than the proposer's own (checked at init)
+            if r.policy is not None:
+                self._fits_head(r.policy)
             if mode != "top":
-                refuse_sampled_pruning(policy, mode)
+                refuse_sampled_pruning(policies[r.key], mode)
         # a tree of the root alone (the hardware-aware rule picks n = 1 for a large batch) drafts nothing
         active = [r for r in requests if r.k > 0 and self._room(r) > 0 and policies[r.key].max_depth > 0]
         drafting = {r.key for r in active}
