@@ -1,5 +1,5 @@
-"""The kernel build folder's lock and name: a killed build cannot hang later runs, and two torch installs keep
-their own builds. Nothing here compiles a kernel."""
+"""The kernel build folder's lock and name: a killed build cannot hang later runs, and two torch installs (or two
+checkouts' kernel sources) keep their own builds. Nothing here compiles a kernel."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spectot.engine.kernels import _exclusive_build, _needs_build, _torch_build_key
+from spectot.engine.kernels import _built, _exclusive_build, _torch_build_key
 
 fcntl = pytest.importorskip("fcntl")
 
@@ -58,21 +58,16 @@ def test_the_build_folder_names_the_torch_version_and_path() -> None:
     assert first == _torch_build_key("2.13.0+cpu", Path("/envs/a/lib/python3.11/site-packages/torch"))
 
 
-def test_a_build_is_announced_only_when_the_module_is_missing_or_older_than_a_source(tmp_path: Path) -> None:
-    sources = Path(_needs_build.__code__.co_filename).parent
-    newest = max(f.stat().st_mtime for f in sources.iterdir() if f.suffix in (".cpp", ".h"))
-    assert _needs_build(tmp_path, "spectot_noise")
-    module = tmp_path / "spectot_noise.so"
-    module.write_text("")
-    os.utime(module, (newest + 60, newest + 60))
-    assert not _needs_build(tmp_path, "spectot_noise")
-    os.utime(module, (newest - 60, newest - 60))
-    assert _needs_build(tmp_path, "spectot_noise")
+def test_a_build_is_announced_only_when_its_folder_lacks_the_module(tmp_path: Path) -> None:
+    assert not _built(tmp_path, "spectot_noise")
+    (tmp_path / "spectot_noise.so").write_text("")
+    assert _built(tmp_path, "spectot_noise")
 
 
-def test_a_new_source_reaches_the_build_command_whatever_its_timestamp(tmp_path: Path, monkeypatch) -> None:
+def test_new_sources_build_in_a_folder_of_their_own(tmp_path: Path, monkeypatch) -> None:
     """ninja rebuilt on timestamps only: a new source older than the cached build (an archive, cp -p, a checkout)
-    kept the old module loaded. The build command now carries the sources' digest, which ninja compares."""
+    kept the old module loaded; and two checkouts with different sources sharing $SPECTOT_HOME rebuilt each other's
+    kernels whenever they alternated. The build folder is named by the sources' digest."""
     import spectot.engine.kernels as kernels
 
     (tmp_path / "a.cpp").write_text("int f() { return 1; }")
@@ -89,13 +84,17 @@ def test_a_new_source_reaches_the_build_command_whatever_its_timestamp(tmp_path:
     kernels._sources_digest.cache_clear()
     assert kernels._sources_digest(tmp_path) == after
 
-    seen: list[list[str]] = []
-    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: seen.append(kwargs["extra_cflags"]))
+    seen: list[str] = []
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: seen.append(kwargs["build_directory"]))
     monkeypatch.setattr(kernels, "spectot_home", lambda: tmp_path / "home")
+    kernels._sources_digest.cache_clear()
     if kernels._build_avx2("noise", "torch's ops") is None and not seen:
         pytest.skip("no AVX2 build on this machine")
-    kernels._sources_digest.cache_clear()
-    assert f"-DSPECTOT_SOURCES={kernels._sources_digest()}" in seen[0]
+    assert Path(seen[0]).parent.name == kernels._sources_digest()
+    monkeypatch.setattr(kernels, "_sources_digest", lambda: "0123456789abcdef")  # another checkout's sources
+    kernels._build_avx2("noise", "torch's ops")
+    assert Path(seen[1]).parent.name == "0123456789abcdef"
+    assert Path(seen[1]).parent.parent == Path(seen[0]).parent.parent  # the same torch install's folder
 
 
 def test_a_home_it_cannot_write_falls_back_to_torch(monkeypatch, tmp_path, caplog) -> None:

@@ -18,8 +18,9 @@ write, SwiGLU gate) as one call each, row-wise in a fixed order.
 ``noise_ops`` (``noise.cpp``): sampled decoding's counter-based coupled noise E_i = -log u_i at any token ids, and the
 draw argmax p / E without drawing all of it.
 
-Builds land in ``$SPECTOT_HOME/kernels/<torch version>-<torch path hash>/<module>`` (e.g. ``2.13.0_cpu-1a2b3c4d``:
-two environments with the same torch at different paths keep their own builds instead of rebuilding each other's),
+Builds land in ``$SPECTOT_HOME/kernels/<torch version>-<torch path hash>/<sources digest>/<module>`` (e.g.
+``2.13.0_cpu-1a2b3c4d/0123456789abcdef/spectot_noise``: two environments with the same torch at different paths, or
+two checkouts with different kernel sources, keep their own builds instead of rebuilding each other's),
 one build at a time per folder under an OS file lock that a killed build cannot leave behind; when a build is
 impossible (another CPU, no compiler or ninja) the loaders return None and callers fall back to torch.
 """
@@ -62,22 +63,21 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
 
     name = f"spectot_{source}" + ("_avx512bf16" if avx512_bf16 else "") + ("_amx" if amx else "")
     torch_key = _torch_build_key(torch.__version__, Path(torch.__file__).parent.resolve())
-    build = spectot_home() / "kernels" / torch_key / name  # one folder per build: torch install x module x ISA
+    # one folder per build: torch install x kernel sources x module x ISA
+    build = spectot_home() / "kernels" / torch_key / _sources_digest() / name
     isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"] if avx512_bf16 else []
     isa += ["-mamx-tile", "-mamx-bf16"] if amx else []
     try:
         build.mkdir(parents=True, exist_ok=True)  # in the try: a $SPECTOT_HOME it cannot write falls back too
         with _exclusive_build(build, source), _package_ninja_first():
-            if _needs_build(build, name):
+            if not _built(build, name):
                 logger.info("building the %s kernel (first use; a few minutes)", source)
             else:
                 logger.debug("loading the %s kernel from %s", source, build)
             return load(
                 name=name,
                 sources=[str(Path(__file__).with_name(f"{source}.cpp"))],
-                # the sources' digest in the command line: ninja rebuilds for new sources however old their
-                # timestamps (an archive, cp -p or a checkout can give a new source an mtime before the build's)
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa, f"-DSPECTOT_SOURCES={_sources_digest()}"],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *isa],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
                 verbose=False,
@@ -89,8 +89,10 @@ def _build_avx2(source: str, fallback: str, avx512_bf16: bool = False, amx: bool
 
 @cache
 def _sources_digest(folder: Path = Path(__file__).parent) -> str:
-    """16 hex digits of every kernel source in ``folder`` (``.cpp``, ``.h``): a build command names the sources it
-    was made from."""
+    """16 hex digits of every kernel source in ``folder`` (``.cpp``, ``.h``), the name of their builds' folder: new
+    sources build anew however old their timestamps (ninja compares timestamps only, and an archive, ``cp -p`` or a
+    checkout can give a new source an mtime before the build's), and two checkouts with different sources sharing
+    ``$SPECTOT_HOME`` keep their own builds instead of rebuilding each other's on every alternation."""
     digest = hashlib.sha256()
     for path in sorted(folder.iterdir()):
         if path.suffix in (".cpp", ".h"):
@@ -107,15 +109,10 @@ def _torch_build_key(version: str, torch_dir: Path) -> str:
     return f"{version.replace('+', '_')}-{digest}"
 
 
-def _needs_build(build: Path, name: str) -> bool:
-    """Whether torch's builder will compile: no module in ``build`` yet, or one older than a kernel source (the
-    cheap part of ninja's test; a rebuild for a changed command line, new sources with old timestamps among them,
-    goes unannounced)."""
-    module = build / (name + (".pyd" if os.name == "nt" else ".so"))
-    if not module.exists():
-        return True
-    built = module.stat().st_mtime
-    return any(f.stat().st_mtime > built for f in Path(__file__).parent.iterdir() if f.suffix in (".cpp", ".h"))
+def _built(build: Path, name: str) -> bool:
+    """Whether ``build`` (a folder of these very sources) holds the module already: loading it then compiles nothing
+    (else the first use of the kernel builds it for a few minutes, which is announced)."""
+    return (build / (name + (".pyd" if os.name == "nt" else ".so"))).exists()
 
 
 @contextmanager
