@@ -288,6 +288,20 @@ def test_verbose_is_taken_after_the_subcommand_too() -> None:
     assert parser.parse_args(["tree", "sequoia", "--acceptance", "0.5", "-v"]).verbose
 
 
+def test_a_kernel_build_is_announced_without_verbose() -> None:
+    """A fresh install's first run builds the native kernels for about two minutes; the line saying so was shown
+    only under -v, so the CLI looked hung. Library details stay quiet."""
+    code = (
+        "import logging; from spectot.cli.main import main; main(['models']);"
+        "logging.getLogger('spectot.engine.kernels').info('building the noise kernel');"
+        "logging.getLogger('spectot.engine.kernels').debug('loading the noise kernel');"
+        "logging.getLogger('spectot.engine.runner').info('a library detail')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "building the noise kernel" in done.stderr
+    assert "loading the noise kernel" not in done.stderr and "a library detail" not in done.stderr
+
+
 def test_bench_trees_compares_the_trained_drafts_trees_by_default(capsys) -> None:
     """Run bare it was refused: the shared default draft, n-gram, grows no trees."""
     from spectot.cli.main import build_parser

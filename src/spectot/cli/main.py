@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.verbose:
         _quiet_transformers()
+        # a fresh install's first run builds the native kernels for minutes: say so without -v
+        logging.getLogger("spectot.engine.kernels").setLevel(logging.INFO)
     try:
         if hasattr(args, "num_draft_tokens"):  # the command takes the draft flags
             check_draft(from_flags(args, DraftOptions))
