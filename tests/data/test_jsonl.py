@@ -58,6 +58,20 @@ def test_a_torn_setup_file_is_named(tmp_path) -> None:
         results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)
 
 
+def test_a_resume_with_nothing_to_resume_says_it_starts_afresh(tmp_path, caplog) -> None:
+    """--resume into a file no earlier run wrote started every problem again without a word (a mistyped --json
+    looked like a resumed run)."""
+    from spectot.data.jsonl import results_file
+
+    with caplog.at_level("WARNING", logger="spectot.data.jsonl"):
+        assert results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)[0] == []
+    assert "r.jsonl holds no records of an earlier run; every problem runs" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="spectot.data.jsonl"):
+        results_file(tmp_path / "s.jsonl", {"seed": 1}, resume=False)
+    assert caplog.text == ""
+
+
 def test_a_benchmark_refuses_a_file_short_of_what_it_asks_for(tmp_path) -> None:
     """bench trees / drafts / generate read up to N questions and ran on fewer, labelled as N."""
     from spectot.tasks.creative_writing import read_inputs

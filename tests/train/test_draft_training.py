@@ -455,6 +455,13 @@ def test_resume_refuses_a_checkpoint_of_another_job(target, records, tmp_path) -
     assert (tmp_path / "ckpt.pt").read_bytes() == before  # nothing lost
 
 
+def test_a_resume_without_a_checkpoint_says_it_starts_at_step_0(target, records, tmp_path, caplog) -> None:
+    settings = TrainSettings(block_min=2, block_max=6, lr=1e-3, batch_tokens=40, epochs=1, checkpoint_minutes=0)
+    with caplog.at_level("WARNING", logger="spectot.train.draft"):
+        train(fresh_draft(target), records[:2], settings, tmp_path / "ckpt.pt", resume=True)
+    assert "ckpt.pt holds no checkpoint; training starts at step 0" in caplog.text
+
+
 def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
     total = 200  # warm-up: 2% of the steps = 4
     factors = [learning_rate_factor(step, total) for step in range(total + 1)]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -154,6 +157,8 @@ def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict
             records.append(record)
         drop_torn_line(out, torn)
     else:
+        if resume:  # resuming whatever is there is a script's way to rerun a job: say it starts afresh
+            logger.warning("--resume: %s holds no records of an earlier run; every problem runs", path)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("")
     partial = kept.with_name(kept.name + ".partial")  # a kill mid-write leaves the previous setup whole

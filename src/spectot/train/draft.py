@@ -334,6 +334,8 @@ def train(
         schedule.load_state_dict(saved["schedule"])
         state = saved["state"]
         logger.info("resumed at step %d of %d", state["step"], total_steps)
+    elif resume:
+        logger.warning("--resume: %s holds no checkpoint; training starts at step 0", checkpoint)
     last_save = time.monotonic()
     draft.train()
     with _stop_between_steps() as stop:  # Ctrl-C / SIGTERM end the loop between steps
