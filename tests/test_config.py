@@ -298,6 +298,35 @@ def test_identical_votes_are_refused() -> None:
     check_solve(SearchOptions(evaluation="vote", n_votes=1), *options)
 
 
+def test_flags_a_run_would_ignore_are_refused(tmp_path) -> None:
+    """Each of these was accepted and ignored in silence (a black-box review of the CLI)."""
+    options = (DraftOptions(), SolveOptions(), TreeSearchOptions(), BackendOptions())
+    with pytest.raises(ValueError, match="--n-votes counts --evaluation vote's votes; --evaluation value would not"):
+        check_solve(SearchOptions(n_votes=5), *options)
+    check_solve(SearchOptions(), *options)
+    with pytest.raises(ValueError, match="--thought-temperature 0 decodes greedily"):
+        SearchOptions(thought_temperature=0.0, thought_top_p=0.5)
+    assert SearchOptions(thought_temperature=0.0).thought_top_p == 1.0
+    with pytest.raises(ValueError, match=r"a number in \[0, 2\]"):
+        TreeSearchOptions(cluster_threshold=2.5)
+    assert TreeSearchOptions(cluster_threshold=2.0).threshold == 2.0
+    with pytest.raises(ValueError, match="--field names a field of --prompts FILE; --prompt TEXT would not"):
+        GenerateOptions(prompt="hi", field_name="q")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a"}\n')
+    out = str(tmp_path / "d")
+    for flags, named in (
+        (dict(hidden_layer=-2), "--hidden-layer"),
+        (dict(token_lr=1e-3), "--token-lr"),
+        (dict(hidden_states=False), "--no-hidden-states"),
+    ):
+        with pytest.raises(ValueError, match=f"{named} configure.* --kind vdm"):
+            TrainDraftOptions(kind="vdm", corpus=(str(corpus),), out=out, **flags)
+    with pytest.raises(ValueError, match="--token-lr is the learning rate of --next-token"):
+        TrainDraftOptions(corpus=(str(corpus),), out=out, token_lr=1e-3)
+    TrainDraftOptions(corpus=(str(corpus),), out=out, token_lr=1e-3, next_token=True)
+
+
 def test_tree_depth_counts_draft_depths_for_every_tree() -> None:
     """--tree-depth 3: three draft tokens deep below the pending root, for Sequoia as for PCT (Sequoia's DP
     counts the root: --tree-depth 3 gave it two)."""

@@ -351,6 +351,8 @@ class GenerateOptions:
             raise ValueError("--offset and --limit count prompts: they must be >= 0")
         if self.prompt is not None and (self.offset or self.limit):
             raise ValueError("--offset and --limit pick prompts of --prompts FILE; --prompt gives one")
+        if self.prompt is not None:
+            _refuse_unread(_set(self, "field_name"), "names a field of --prompts FILE; --prompt TEXT")
         if self.out and self.json:
             raise ValueError("--out FILE writes the JSON lines there; --json prints them instead: pick one")
 
@@ -504,6 +506,13 @@ class TrainDraftOptions:
                 "--next-token and --current-token pair the target's hidden states with tokens: they need --kind edd "
                 "with them"
             )
+        if self.kind == "vdm":
+            _refuse_unread(
+                _set(self, "hidden_layer", "hidden_states", "token_lr"),
+                "configure EDD's hidden-state input; --kind vdm (no hidden states)",
+            )
+        elif self.token_lr and not (self.next_token or self.current_token):
+            raise ValueError("--token-lr is the learning rate of --next-token / --current-token's inputs: pass one")
 
 
 @dataclass(frozen=True)
@@ -667,6 +676,11 @@ class ThoughtSampling:
             raise ValueError("--thought-temperature and --eval-temperature must be >= 0")
         if not 0 < self.thought_top_p <= 1:
             raise ValueError(f"--thought-top-p must be in (0, 1], got {self.thought_top_p}")
+        if self.thought_temperature == 0 and self.thought_top_p < 1:
+            raise ValueError(
+                f"--thought-top-p {self.thought_top_p} truncates sampling; --thought-temperature 0 decodes greedily "
+                "(the argmax lies in every nucleus): sample (--thought-temperature > 0) or drop --thought-top-p"
+            )
 
 
 @dataclass(frozen=True)
@@ -864,11 +878,10 @@ class TreeSearchOptions:
             raise ValueError("--k-total, --lookahead and --fill-rows must be >= 0, --balance-temperature > 0")
         if self.lambda_kv < 0 or self.lambda_cov < 0 or self.alpha < 0:
             raise ValueError("--lambda-kv, --lambda-cov and --alpha must be >= 0")
-        if self.cluster_threshold is not None and not (
-            math.isfinite(self.cluster_threshold) and self.cluster_threshold >= 0
-        ):
+        if self.cluster_threshold is not None and not 0 <= self.cluster_threshold <= 2:
             raise ValueError(
-                f"--cluster-threshold is a cosine distance: a finite number >= 0, got {self.cluster_threshold}"
+                f"--cluster-threshold is a cosine distance: a number in [0, 2] (2 puts every step in one cluster), "
+                f"got {self.cluster_threshold}"
             )
 
     @property
@@ -1131,6 +1144,8 @@ def check_solve(
             + _set(backend, "method", "max_streams", "served_model", "timeout", "connect_timeout", "retries"),
             "configure the tree searches (--search rebase, ets, rstar, rest-mcts); --search tot-bfs",
         )
+        if search.evaluation == "value":
+            _refuse_unread(_set(search, "n_votes"), "counts --evaluation vote's votes; --evaluation value")
         if search.evaluation == "vote" and search.n_votes > 1 and search.eval_temperature == 0:
             raise ValueError(
                 f"--evaluation vote --n-votes {search.n_votes} at --eval-temperature 0 casts {search.n_votes} "
@@ -1287,9 +1302,12 @@ TREE_SEARCH_FLAGS = (
 def _set(options: Any, *names: str) -> list[str]:
     """The flags among ``names`` whose value is not the field's default: the ones the user set, as typed (a switch
     turned off is ``--no-x``)."""
-    defaults = {f.name: f.default for f in fields(options)}
-    changed = [name for name in names if getattr(options, name) != defaults[name]]
-    return ["--" + ("no-" if getattr(options, n) is False else "") + n.replace("_", "-") for n in changed]
+    known = {f.name: f for f in fields(options)}
+    changed = [name for name in names if getattr(options, name) != known[name].default]
+    return [
+        known[n].metadata.get("flag") or "--" + ("no-" if getattr(options, n) is False else "") + n.replace("_", "-")
+        for n in changed
+    ]
 
 
 def _shaping_set(draft: DraftOptions) -> list[str]:
