@@ -80,6 +80,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -221,6 +222,10 @@ def _not_unicode(value: Any, at: str = "") -> str | None:
     return None
 
 
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(x, int) for x in value)
+
+
 def _not_a_no_op(extra: dict[str, Any], no_ops: dict[str, Any]) -> tuple[str, str] | None:
     """(param, why) for the first field of ``no_ops`` that ``extra`` sets to another value than its no-op one."""
     for name, no_op in no_ops.items():
@@ -289,6 +294,26 @@ class CompletionBody(SamplingBody):
     echo: StrictBool = False
     best_of: StrictInt | None = Field(None, ge=1)
     suffix: StrictStr | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def text_not_token_ids(cls, prompt: Any) -> Any:
+        """A prompt of another type named in one sentence (OpenAI's token-id prompts, a list of ids or of such
+        lists, as what they are), not as the union's validator errors, one per member and item."""
+        if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(x, str) for x in prompt)):
+            texts = [prompt] if isinstance(prompt, str) else prompt
+            if not texts:
+                raise PydanticCustomError("prompt_empty", "an empty list holds no prompt")
+            empty = [i for i, text in enumerate(texts) if not text]
+            if empty:  # it would give the model nothing to continue
+                where = "the prompt" if isinstance(prompt, str) else f"prompt {empty[0]}"
+                raise PydanticCustomError("prompt_empty", f"{where} is empty: give the model text to continue")
+            return prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(x, int) or _int_list(x) for x in prompt):
+            raise PydanticCustomError(
+                "token_ids", "token-id prompts are not supported: send the text (a string, or a list of strings)"
+            )
+        raise PydanticCustomError("prompt_type", "a prompt is a string or a list of strings")
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.echo:
