@@ -325,6 +325,8 @@ def test_flags_a_run_would_ignore_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="--token-lr is the learning rate of --next-token"):
         TrainDraftOptions(corpus=(str(corpus),), out=out, token_lr=1e-3)
     TrainDraftOptions(corpus=(str(corpus),), out=out, token_lr=1e-3, next_token=True)
+    with pytest.raises(ValueError, match="--base-url notaurl: expected http"):
+        BackendOptions(backend="openai", base_url=("http://localhost:8000/v1", "notaurl"))
 
 
 def test_tree_depth_counts_draft_depths_for_every_tree() -> None:

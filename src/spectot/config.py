@@ -913,6 +913,11 @@ class BackendOptions:
     def __post_init__(self) -> None:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("--backend openai needs at least one --base-url (e.g. http://localhost:8000/v1)")
+        if self.base_url:
+            from spectot.backends.openai import check_server_url
+
+            for url in self.base_url:
+                check_server_url(url, "--base-url")
         require_finite(timeout=self.timeout, connect_timeout=self.connect_timeout)
         if self.max_streams < 1 or self.retries < 0 or self.timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("--max-streams must be >= 1, --retries >= 0, --timeout and --connect-timeout > 0")

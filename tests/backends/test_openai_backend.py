@@ -146,6 +146,24 @@ def test_urls_get_v1_and_the_model_is_discovered() -> None:
         asyncio.run(scenario(server.url))
 
 
+def test_a_url_that_is_none_is_refused_and_an_unreachable_one_named() -> None:
+    """``notaurl`` was taken (every request then failed with a connection error), and a server that could not be
+    reached was answered with advice to pass the model name."""
+    for url in ("notaurl", "localhost:8000", "http://", "ftp://host/v1", "http://host:99999/v1"):
+        with pytest.raises(ValueError, match=f"server URL {url}: "):
+            OpenAIBackend.from_urls([url])
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def scenario() -> None:
+        async with OpenAIBackend.from_urls([f"http://127.0.0.1:{port}"], timeout=5, max_retries=0) as backend:
+            with pytest.raises(OpenAIBackendError, match=r"cannot reach any server .*is one running at that URL"):
+                await backend.model()
+
+    asyncio.run(scenario())
+
+
 def test_parameters_reach_the_served_backend() -> None:
     fake = SlowBackend()
     request = CompletionRequest("a b c d", 2, temperature=0.7, top_p=0.9, stop=("x", "y"), seed=11, logprobs=True)

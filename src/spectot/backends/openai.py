@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import openai
 
@@ -62,6 +63,18 @@ class _Server:
     client: openai.AsyncOpenAI
     outstanding: int = 0  # requests this backend has in flight there
     down_until: float = 0.0  # time.monotonic() before which it counts as unreachable; 0: it answered since
+
+
+def check_server_url(url: str, name: str = "server URL") -> None:
+    """A ValueError for a server URL that is none: an http(s) scheme and a host are needed (``notaurl`` was taken, and
+    every request then failed with a connection error that did not name the URL's fault)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number in 0-65535
+    except ValueError as err:
+        raise ValueError(f"{name} {url}: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{name} {url}: expected http(s)://host[:port][/v1], e.g. http://localhost:8000/v1")
 
 
 def is_read_timeout(exc: BaseException) -> bool:
@@ -164,6 +177,7 @@ class OpenAIBackend:
         limits = openai.Timeout(timeout, connect=min(timeout, connect_timeout))
         servers = []
         for url in urls:
+            check_server_url(url)
             base = url.rstrip("/")
             base = base if base.endswith("/v1") else base + "/v1"
             servers.append((base, openai.AsyncOpenAI(base_url=base, api_key=api_key, timeout=limits, max_retries=0)))
@@ -253,7 +267,7 @@ class OpenAIBackend:
         if self._model is not None:
             return self._model
         async with self._model_lock:
-            failures = []
+            failures, unreachable = [], 0
             for server in self._servers:
                 if self._model is not None:
                     break
@@ -261,15 +275,20 @@ class OpenAIBackend:
                     page = await server.client.models.list()
                 except openai.APIError as exc:
                     failures.append(f"{server.url}: {exc.message}")
+                    unreachable += is_unreachable(exc)
                     continue
                 if not page.data:
                     failures.append(f"{server.url}/models lists no model")
                     continue
                 self._model = page.data[0].id
                 logger.info("using model %s served at %s", self._model, server.url)
+            if self._model is None and unreachable == len(self._servers):  # a model name would not help
+                raise OpenAIBackendError(
+                    f"cannot reach any server ({'; '.join(failures)}): is one running at that URL (--base-url)?"
+                )
             if self._model is None:
                 raise OpenAIBackendError(
-                    f"cannot find a model to use ({'; '.join(failures)}); pass the model name explicitly"
+                    f"cannot find a model to use ({'; '.join(failures)}); name the served model (--served-model)"
                 )
         return self._model
 
