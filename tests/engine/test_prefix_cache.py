@@ -108,6 +108,18 @@ def test_bad_limits_are_refused(kv) -> None:
         PrefixCache(kv, min_match=0)
 
 
+def test_a_stream_kept_under_other_tokens_than_its_kv_is_refused(kv) -> None:
+    """keep trusted the caller's tokens: a stream holding the KV of 4 tokens kept as 5 (or 3) was later forked for
+    prompts it holds no KV of (or the KV of other positions), and decoding went on from wrong keys in silence."""
+    prefix = PrefixCache(kv, max_tokens=100, min_match=2)
+    for tokens in ([1, 2, 3, 4, 5], [1, 2, 3]):
+        sid = make_stream(kv, [1, 2, 3, 4])
+        with pytest.raises(ValueError, match=f"holds the KV of 4 tokens, not of {len(tokens)}"):
+            prefix.keep(sid, tokens)
+        assert sid not in kv.streams and len(prefix) == 0  # released: nothing leaks
+    assert kv.used == 0
+
+
 # -- end to end: a search's prompts extend what ran before ------------------------------------------
 PROMPT = [3, 17, 42, 8, 21, 9, 60, 2, 2, 14, 33, 7, 50, 11, 38, 5, 19, 23]  # 18 tokens: above MIN_SHARED_PREFIX
 

@@ -251,7 +251,7 @@ def test_last_only_returns_each_trees_last_node(tiny_llama) -> None:
 def test_commit_leaves_the_cache_hf_would_prefill(model, native: bool) -> None:
     runner = ModelRunner(model, native_attention=native)
     streams = build_three_streams(runner)
-    before = {name: runner.stream_len(sid) for name, (sid, _) in streams.items()}
+    before = {name: runner.length(sid) for name, (sid, _) in streams.items()}
     trees = {"A": fixed_tree(seed=80), "B": TokenTree.chain(random_tokens(3, seed=81)), "C": random_tree(5, seed=82)}
     runner.forward([StreamTree(streams[name][0], trees[name]) for name in ("A", "B", "C")])
     accepted_nodes = {"A": trees["A"].path_to(6), "B": [0]}  # C keeps nothing: a rollback
@@ -263,9 +263,9 @@ def test_commit_leaves_the_cache_hf_would_prefill(model, native: bool) -> None:
         "C": streams["C"][1],
     }
     for name, (sid, _) in streams.items():
-        assert runner.stream_len(sid) == len(expected_ids[name])
+        assert runner.length(sid) == len(expected_ids[name])
         assert_stream_kv_matches(runner, model, sid, expected_ids[name])
-    assert runner.stream_len(streams["C"][0]) == before["C"]
+    assert runner.length(streams["C"][0]) == before["C"]
     # every rejected node is gone: the buffer holds exactly the slots some stream holds
     held = torch.cat([runner.cache.slots(sid) for sid, _ in streams.values()]).unique()
     assert held.tolist() == list(range(runner.cache.used))
@@ -294,7 +294,7 @@ def test_truncate_rolls_back_and_release_frees(tiny_llama) -> None:
     other = random_tokens(3, seed=111)
     sid = prefill(runner, ids)
     runner.truncate(sid, 5)
-    assert runner.stream_len(sid) == 5
+    assert runner.length(sid) == 5
     assert runner.cache.used == 5
     out = runner.forward([StreamTree(sid, TokenTree.chain(other))])
     assert_tree_logits_match(model, ids[:5], TokenTree.chain(other), out.logits[0])
@@ -341,7 +341,7 @@ def test_context_overflow(tiny_llama) -> None:
     out = runner.forward([StreamTree(sid, wide)])
     assert out.logits[0].shape == (4, VOCAB)
     runner.commit({sid: [0, 3]})
-    assert runner.stream_len(sid) == 8
+    assert runner.length(sid) == 8
 
 
 def test_max_context_is_capped_by_the_model(tiny_llama, tiny_mistral) -> None:
@@ -374,7 +374,7 @@ def test_freeing_slots_while_a_forward_is_pending_raises(tiny_llama) -> None:
             free()
     runner.commit_all()
     runner.release(b)  # once committed, fine
-    assert runner.stream_len(a) == 8
+    assert runner.length(a) == 8
 
 
 def test_an_error_after_the_forward_leaves_nothing_pending(tiny_llama, monkeypatch) -> None:
@@ -393,7 +393,7 @@ def test_an_error_after_the_forward_leaves_nothing_pending(tiny_llama, monkeypat
     with pytest.raises(KeyboardInterrupt):
         runner.forward(trees)
     runner.release(a)  # cleanup works: nothing pending, no slot held
-    assert runner.stream_len(b) == 0 and runner.cache.used == 0
+    assert runner.length(b) == 0 and runner.cache.used == 0
 
 
 def test_rows_and_embeddings_must_fit_their_tree(tiny_llama) -> None:
@@ -409,7 +409,7 @@ def test_rows_and_embeddings_must_fit_their_tree(tiny_llama) -> None:
     wrong = [StreamTree(a, TokenTree.chain([1, 2, 3]), torch.zeros(4, hidden)), trees[1]]
     with pytest.raises(ValueError, match="tree 0 has 3 nodes but 4 embedding rows"):
         runner.forward(wrong)
-    assert runner.stream_len(a) == runner.stream_len(b) == 0  # nothing reserved
+    assert runner.length(a) == runner.length(b) == 0  # nothing reserved
 
 
 def test_commit_without_forward_raises(tiny_llama) -> None:

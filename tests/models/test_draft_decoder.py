@@ -157,7 +157,7 @@ def inference_block_logits(draft: DraftDecoder, tokens: torch.Tensor, hidden: to
         embeds = torch.cat([entries, pending])
     first = runner.forward([StreamTree(stream, TokenTree.chain(tokens[: s + 1]), embeds)], logit_rows=[[s]])
     runner.commit({stream: range(s)})
-    assert runner.stream_len(stream) == s
+    assert runner.length(stream) == s
     block = runner.forward([StreamTree(stream, TokenTree.chain(tokens[s:e]))])
     runner.commit({})
     runner.release(stream)

@@ -370,7 +370,7 @@ def test_greedy_chain_is_the_argmax_of_the_teacher_forced_draft(target, drafts, 
     (chain,) = prop.propose([request], SamplingParams(), None)
     assert chain.parents is None and chain.tokens.numel() == 4 and chain.q is None  # a chain, deterministic
     # each depth ran one row over the nodes kept in the draft's cache; afterwards it holds the committed tokens only
-    assert prop.runner.stream_len(prop._streams[0]) == tokens.numel() - 1
+    assert prop.runner.length(prop._streams[0]) == tokens.numel() - 1
     # teacher forcing: the block [pending, d1, d2, d3] after the hidden states of the committed tokens
     s = tokens.numel() - 1
     seq = torch.cat([tokens, chain.tokens[:-1]])
@@ -404,7 +404,7 @@ def test_tree_nodes_carry_the_teacher_forced_draft_probability(
     (tree,) = prop.propose([request], sampling or SamplingParams(), None)
     parents = tree.parents.tolist()
     assert max(parents) > 0 and len(set(parents)) < len(parents)  # two depths or more, and a fork
-    assert prop.runner.stream_len(prop._streams[0]) == tokens.numel() - 1  # only the committed tokens stay
+    assert prop.runner.length(prop._streams[0]) == tokens.numel() - 1  # only the committed tokens stay
     s = tokens.numel() - 1
     for node, parent in enumerate(parents):
         path = []

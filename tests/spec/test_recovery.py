@@ -21,9 +21,9 @@ def test_refused_commit_changes_nothing(tiny_llama) -> None:
     runner.forward([StreamTree(sid, tree)])
     with pytest.raises(ValueError, match="root-to-node path"):
         runner.commit({sid: [0, 2, 3]})
-    assert runner.stream_len(sid) == 3  # nothing was kept ...
+    assert runner.length(sid) == 3  # nothing was kept ...
     runner.commit({sid: [0, 1, 3]})  # ... and the forward can still be committed correctly
-    assert runner.stream_len(sid) == 6
+    assert runner.length(sid) == 6
     assert runner.cache.used == 6
 
 

@@ -36,6 +36,7 @@ class _Streams(Protocol):  # the part of ModelRunner the cache uses
     def new_stream(self, fork_of: int | None = None) -> int: ...
     def release(self, stream: int) -> None: ...
     def truncate(self, stream: int, length: int) -> None: ...
+    def length(self, stream: int) -> int: ...
 
 
 class Fork(NamedTuple):
@@ -94,8 +95,12 @@ class PrefixCache:
         states of ``hidden_layer`` at them, for drafts that read them); it is released when evicted, or at once
         when not kept (also when the arguments are refused)."""
         held = np.asarray(tokens, dtype=np.int64)
-        if hidden is not None and (hidden_layer is None or len(hidden) != len(held)):
+        length = self.streams.length(sid)
+        if length != len(held):  # its KV would be handed out as that of other tokens
             self.streams.release(sid)  # taken over even so: the caller's stream is never left to leak
+            raise ValueError(f"stream {sid} holds the KV of {length} tokens, not of {len(held)}")
+        if hidden is not None and (hidden_layer is None or len(hidden) != len(held)):
+            self.streams.release(sid)
             raise ValueError(f"hidden states need their layer and one row per token ({len(hidden)} for {len(held)})")
         layer = None if hidden is None else hidden_layer
         too_long = len(held) > self.max_tokens  # kept, it would evict every other entry and then itself

@@ -464,6 +464,10 @@ class ModelRunner:
     def new_stream(self, fork_of: int | None = None) -> int:
         return self.cache.new_stream(fork_of)
 
+    def length(self, stream: int) -> int:
+        """Tokens whose KV ``stream`` holds (committed forwards only)."""
+        return self.cache.length(stream)
+
     def release(self, stream: int) -> None:
         self._check_settled("release")
         self.cache.release(stream)
@@ -477,9 +481,6 @@ class ModelRunner:
         cache's end (the KV of another stream, in silence)."""
         if self._pending is not None:
             raise RuntimeError(f"{what}() while a forward is pending: commit() it first")
-
-    def stream_len(self, stream: int) -> int:
-        return self.cache.length(stream)
 
     # -- forward ---------------------------------------------------------------------------
     def forward(

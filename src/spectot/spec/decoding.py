@@ -268,7 +268,7 @@ class DecodeSession:
     def _free(self, s: _Stream, keep: bool) -> None:
         if s.sid is not None:
             if keep:
-                held = (s.prompt + s.generated)[: self.runner.stream_len(s.sid)]  # tokens whose KV it has
+                held = (s.prompt + s.generated)[: self.runner.length(s.sid)]  # tokens whose KV it has
                 layer = self._hidden_layer()
                 hidden = torch.cat(s.hidden)[: len(held)] if layer is not None and s.hidden else None
                 self.prefix_cache.keep(s.sid, held, hidden, layer)
@@ -479,7 +479,7 @@ class DecodeSession:
             rows = [range(len(st.tree)) for st in trees[: len(streams)]]
             rows += [[len(tokens) - 1] if len(tokens) == s.to_fill else [] for s, tokens in chunks]
         length = self.decoder.draft_length
-        context = [self.runner.stream_len(st.stream) for st in trees] if length is not None else []  # forward time
+        context = [self.runner.length(st.stream) for st in trees] if length is not None else []  # forward time
         out = self.runner.forward(trees, logit_rows=rows, hidden_layer=self._hidden_layer())
         self.batch.target_forwards += 1
         accepted: dict[int, list[int]] = {}
@@ -524,7 +524,7 @@ class DecodeSession:
 
     def _context(self, streams: Sequence[_Stream]) -> int:
         """Context tokens the streams' next forward reads."""
-        return sum(self.runner.stream_len(s.sid) for s in streams if s.sid is not None)
+        return sum(self.runner.length(s.sid) for s in streams if s.sid is not None)
 
     def _observe_length(self, s: _Stream, d: Draft, path: list[int]) -> None:
         """Tell the adaptive length what its draft of this stream achieved."""
