@@ -246,6 +246,44 @@ def test_noise_at_token_ids_is_the_positions_noise_there() -> None:
     assert torch.allclose(numpy_path, full, rtol=1e-15, atol=0)
 
 
+def _key_with_top_uniform_at(i: int) -> int:
+    """A noise key whose hash at token i is all ones (u's top value): SplitMix64's output function inverted."""
+    mask = 2**64 - 1
+
+    def unshift(z: int, s: int) -> int:  # the x with x ^ (x >> s) == z
+        x = z
+        for _ in range(64 // s + 1):
+            x = z ^ (x >> s)
+        return x
+
+    z = unshift(mask, 31)
+    z = unshift(z * pow(0x94D049BB133111EB, -1, 2**64) & mask, 27)
+    z = unshift(z * pow(0xBF58476D1CE4E5B9, -1, 2**64) & mask, 30)
+    key = (z - 0x9E3779B97F4A7C15 * (i + 1)) & mask
+    return key - 2**64 if key >= 2**63 else key
+
+
+def test_the_top_uniform_is_below_1(monkeypatch) -> None:
+    """53 bits of ones plus a half rounded u to 1: E = -0, so a token of probability 0 drew 0 / -0 = NaN in
+    coupled_pick and a likely one a ratio of -inf (it could never win) where its E is the smallest possible."""
+    import spectot.spec.sampling as sampling
+
+    key = _key_with_top_uniform_at(5)
+    ids = torch.arange(8)
+    paths = [torch.from_numpy(_exponential(key, ids.numpy()))]
+    module = sampling.noise_ops()
+    if module is not None:
+        paths.append(module.exponential(key, ids))
+    for noise in paths:
+        assert 0 < float(noise[5]) < 1e-15 and bool((noise > 0).all())
+        p = torch.full((8,), 1 / 7, dtype=torch.float64)
+        p[5] = 0.0
+        assert not math.isnan(float((p / noise).max())) and int(coupled_pick(p, noise)) != 5
+        assert int(coupled_pick(torch.full((8,), 1 / 8), noise)) == 5  # the smallest E wins a flat race
+    monkeypatch.setattr(sampling, "noise_key", lambda seed, position: key)
+    assert sampling.sample_at(torch.full((8,), 1 / 8), 0, 0) == 5  # the kernel's race (or torch's) agrees
+
+
 @pytest.mark.parametrize("shape", ["random", "flat", "peaked", "ties", "zeros"])
 def test_sample_at_without_noise_is_the_race_over_the_whole_noise(shape: str) -> None:
     """The kernel's race (exact logs only where p_i / (1 - u_i) can still win) picks what argmax p / E over all of

@@ -185,7 +185,8 @@ def _exponential(key: int, ids: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    return -np.log(((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53)
+    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # the top value rounds to 1: the double below
+    return -np.log(np.minimum(u, np.nextafter(1.0, 0.0)))
 
 
 def coupled_pick(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@
 // Why: a position's 49,152 values from a fresh numpy PCG64 stream took 182 us, ~8 % of rStar + SPEX's engine time
 // at ~8 sampled rows a forward; the race here reads each token once for a hash and a compare.
 #include <torch/extension.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -21,9 +22,11 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// u_i in (0, 1): 53 random bits and a half, so neither 0 nor 1 (E_i > 0: a token of probability 0 never wins)
+// u_i in (0, 1): 53 random bits and a half, so neither 0 nor 1 (E_i > 0: a token of probability 0 never wins). The
+// top value, 2^53 - 1/2, rounds to 2^53 (u = 1, E = -0, a NaN ratio for p = 0): it is taken as the double below 1.
 inline double uniform_at(uint64_t key, int64_t i) {
-  return (static_cast<double>(mix64(key + GAMMA * static_cast<uint64_t>(i + 1)) >> 11) + 0.5) * 0x1.0p-53;
+  const double u = (static_cast<double>(mix64(key + GAMMA * static_cast<uint64_t>(i + 1)) >> 11) + 0.5) * 0x1.0p-53;
+  return std::min(u, 0x1.fffffffffffffp-1);
 }
 
 inline double exponential_at(uint64_t key, int64_t i) { return -std::log(uniform_at(key, i)); }
