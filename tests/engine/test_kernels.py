@@ -442,6 +442,9 @@ def test_the_native_kernels_refuse_inputs_they_would_misread(tiny_model) -> None
         add(stack, 256)
     with pytest.raises(RuntimeError, match="one entry per output feature"):
         module.linear(torch.randn(2, hidden).bfloat16(), weight(64, hidden), torch.zeros(3), 64, 1)
+    for rows in (3, 9):  # no features: past 6 rows no pass over the panel wrote y (left uninitialised)
+        with pytest.raises(RuntimeError, match="x has no features"):
+            module.linear(torch.empty(rows, 0).bfloat16(), pack(torch.empty(64, 0).bfloat16()), None, 64, 1)
     with pytest.raises(RuntimeError, match="at least 1"):
         ops.rms_norm(torch.empty(3, 0).bfloat16(), torch.empty(0).bfloat16(), 1e-5)
     with pytest.raises(RuntimeError, match="even and positive"):

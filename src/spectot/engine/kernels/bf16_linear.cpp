@@ -226,6 +226,7 @@ bool amx_linear(const uint16_t* x, int64_t rows, int64_t pairs, const uint16_t* 
 void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
   TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL && packed.is_contiguous(), "weights packed by pack()");
+  TORCH_CHECK(K > 0, "x has no features");  // past 6 rows no pass over the panel would write y
   TORCH_CHECK((K + 1) / 2 == packed.size(1) && N <= packed.size(0) * PANEL,
               "x's features or N do not match the packed weight");
 }
@@ -398,6 +399,7 @@ void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
   TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL / 2 && packed.size(3) == 2 && packed.is_contiguous(),
               "weights packed by pack()");
+  TORCH_CHECK(K > 0, "x has no features");
   TORCH_CHECK(packed.size(1) == K && N <= packed.size(0) * PANEL, "x's features or N do not match the packed weight");
 }
 
