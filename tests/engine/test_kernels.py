@@ -436,6 +436,14 @@ def test_the_native_kernels_refuse_inputs_they_would_misread(tiny_model) -> None
             *(weight(2 * inner, hidden), None, 2 * inner, weight(hidden, inner), None, hidden),
         )
 
+    for heads in ((2, 0), (3, 2), (0, 1)):  # a division by zero, or query heads that share no key-value head
+        with pytest.raises(RuntimeError, match="not a positive multiple"):
+            stack_module.DecoderStack(*heads)
+    with pytest.raises(RuntimeError, match="head dim must be a positive multiple of 8"):
+        stack_module.DecoderStack(4, 2).add_layer(  # 4 wide heads: the attention reads 8 lanes a step
+            *(norm, 1e-5, weight(32, hidden), None, 32, weight(hidden, 16), None, hidden, 0.5, norm, 1e-5),
+            *(weight(16, hidden), None, 16, weight(hidden, 8), None, hidden),
+        )
     stack = stack_module.DecoderStack(2, 1)  # 2 query heads, 1 key-value head, 8 wide
     add(stack, 8)
     with pytest.raises(RuntimeError, match="the first layer's widths"):

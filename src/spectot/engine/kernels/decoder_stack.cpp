@@ -90,7 +90,10 @@ constexpr int64_t PREFETCH_ROWS = 16;
 
 class DecoderStack {
  public:
-  DecoderStack(int64_t q_heads, int64_t kv_heads) : q_heads_(q_heads), kv_heads_(kv_heads) {}
+  DecoderStack(int64_t q_heads, int64_t kv_heads) : q_heads_(q_heads), kv_heads_(kv_heads) {
+    TORCH_CHECK(kv_heads > 0 && q_heads > 0 && q_heads % kv_heads == 0, q_heads,
+                " query heads are not a positive multiple of ", kv_heads, " key-value heads");
+  }
 
   void add_layer(torch::Tensor input_norm, double input_eps, torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias,
                  int64_t qkv_out, torch::Tensor o, c10::optional<torch::Tensor> o_bias, int64_t o_out, double scaling,
@@ -104,6 +107,7 @@ class DecoderStack {
     const int64_t H = input_norm.numel(), D = qkv_out / (q_heads_ + 2 * kv_heads_);
     TORCH_CHECK(qkv_out == (q_heads_ + 2 * kv_heads_) * D && o_out == H && down_out == H && gate_up_out % 2 == 0,
                 "layer widths do not fit ", q_heads_, " query and ", kv_heads_, " key-value heads over ", H, " features");
+    TORCH_CHECK(D > 0 && D % 8 == 0, "the head dim must be a positive multiple of 8 (the attention's), got ", D);
     // forward sizes one workspace by the first layer: every layer must have its widths
     TORCH_CHECK(layers_.empty() || (H == layers_[0].input_norm.numel() && qkv_out == layers_[0].qkv.out_features &&
                                     gate_up_out == layers_[0].gate_up.out_features),
