@@ -198,6 +198,27 @@ def test_a_checkpoint_missing_weights_is_refused(tiny_checkpoint, tmp_path) -> N
     assert load_model(str(tiny_checkpoint), dtype="fp32").model is not None  # a whole one (tied head) loads
 
 
+def test_weights_the_config_does_not_read_are_named(tiny_checkpoint, tmp_path, caplog) -> None:
+    """A config.json declaring fewer layers than its weights hold loaded the declared ones, transformers' warning
+    shown only under -v; the loader's own warning reaches the CLI's default level."""
+    import json
+    import shutil
+
+    fewer = tmp_path / "fewer"
+    shutil.copytree(tiny_checkpoint, fewer)
+    config = json.loads((fewer / "config.json").read_text())
+    assert config["num_hidden_layers"] >= 2
+    config["num_hidden_layers"] = 1
+    (fewer / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="spectot.models.loader"):
+        assert load_model(str(fewer), dtype="fp32").model.config.num_hidden_layers == 1
+    assert "fewer: the checkpoint holds" in caplog.text and "model.layers.1." in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="spectot.models.loader"):
+        load_model(str(tiny_checkpoint), dtype="fp32")
+    assert "does not read" not in caplog.text
+
+
 def test_a_gguf_file_or_a_folder_of_one_is_converted_once(tmp_path, monkeypatch) -> None:
     """A GGUF passed by path was refused ('no config.json'); only the alias went through the conversion."""
     import spectot.models.loader as loader

@@ -193,6 +193,16 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
         raise ModelLoadError(
             f"{source}: the checkpoint lacks {len(absent)} weight(s) of its architecture ({shown}); {cure}"
         )
+    unread = sorted(str(k) for k in info.get("unexpected_keys", ()))
+    if unread:  # e.g. a config.json declaring fewer layers than its weights hold: those layers are dropped
+        shown = ", ".join(unread[:4]) + (", ..." if len(unread) > 4 else "")
+        logger.warning(
+            "%s: the checkpoint holds %d weight(s) its architecture does not read (%s): is config.json that of these "
+            "weights?",
+            source,
+            len(unread),
+            shown,
+        )
     model = model.to(device).eval()  # out of memory here is not a broken checkpoint: it surfaces as it is
     return LoadedModel(
         model=model,
