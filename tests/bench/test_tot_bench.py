@@ -22,7 +22,7 @@ def test_bench_tot_engines_keep_ar_trees_across_problems_and_resume(tiny_checkpo
     opts = BenchTotOptions(gsm8k=str(GSM8K), problems=3, engines="ar,sd,seed-batched", chunk=2, out=str(tmp_path))
     result = run_bench_tot(model, DraftOptions(draft="ngram", num_draft_tokens=3), search, opts)
     assert [r["engine"] for r in result["rows"]] == ["ar", "sd", "seed-batched"]
-    assert all(r["problems"] == 3 and r["same_answers_as_ar"] == 3 for r in result["rows"])
+    assert all(r["problems"] == 3 and r["same_answers_as_ar"] == r["same_paths_as_ar"] == 3 for r in result["rows"])
     assert "| gsm8k | seed-batched |" in (tmp_path / "results.md").read_text()
     lines = (tmp_path / "records.jsonl").read_text().splitlines()
     # the engines take turns on chunks of 2 problems (one engine ran all its problems before the next started)
@@ -92,3 +92,24 @@ def test_a_unit_cut_short_runs_again_whole(tiny_checkpoint, tmp_path) -> None:
     records.write_text("".join(lines[:-1]))  # killed after the unit's first record
     again = run_bench_tot(model, DraftOptions(draft="none"), search, opts)["rows"][0]
     assert again["new_tokens"] == whole["new_tokens"] and again["problems"] == 2
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="needs ../shared/data/gsm8k/test.jsonl")
+def test_more_problems_regrouping_a_unit_run_it_again_whole(tiny_checkpoint, tmp_path) -> None:
+    """--problems is left out of a run's identity (problems can be added), but it shapes the continuous engines'
+    units: 3 problems 2 in flight are units [0, 1], [2]; 4 are [0, 1], [2, 3]. Problem 2's record kept its
+    one-problem counters and 3's got none, so the 4-problem figures lacked 3's tokens."""
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    search = SearchOptions(thought_temperature=0.0, depth=2, thoughts=2)
+
+    def run(problems: int, out: Path) -> dict:
+        opts = BenchTotOptions(
+            gsm8k=str(GSM8K), problems=problems, in_flight=2, chunk=0, engines="continuous-ar", out=str(out)
+        )
+        return run_bench_tot(model, DraftOptions(draft="none"), search, opts)["rows"][0]
+
+    run(3, tmp_path / "grown")
+    grown = run(4, tmp_path / "grown")
+    fresh = run(4, tmp_path / "fresh")
+    assert grown["new_tokens"] == fresh["new_tokens"] and grown["problems"] == 4
+    assert run(2, tmp_path / "grown")["new_tokens"] == run(2, tmp_path / "fresh2")["new_tokens"]

@@ -3,7 +3,7 @@
 For each task (GSM8K depth 4, Creative Writing depth 2, Blocksworld depth 7) and each engine, ToT-BFS
 runs the same problems with the same seeds on one loaded target; per engine: wall time, tokens,
 tokens per target step and acceptance rate of the Thought Generator (TG) and State Evaluator (SE),
-accuracy, whether the answers equal serial ``ar``'s, and the speedup over serial ``ar`` and over
+accuracy, whether the answers (and the chosen paths of thoughts) equal serial ``ar``'s, and the speedup over serial ``ar`` and over
 ``batched-ar``. A problem is one record (appended as it finishes), so an interrupted run resumes. With
 ``--in-flight N`` the continuous engines search N problems at once; such a unit's wall time is shared
 equally by its problems' records (their sum is the run's wall time). The engines take turns on chunks of
@@ -69,14 +69,23 @@ def run_bench_tot(
         for i in range(first, min(first + opts.turn, opts.problems))
     ]
 
-    def unit_of(engine: str, i: int) -> int:  # the first problem of i's timed unit (turns are whole units)
+    def unit_of(engine: str, i: int) -> list[int]:
+        """[first problem, problems] of i's timed unit: `in_flight` problems of a turn for a continuous engine
+        (turns are whole units; the last of a run may be short), else i alone."""
         width = opts.in_flight if engine.startswith("continuous") else 1
-        return i - (i % opts.turn) % width
+        first = i - (i % opts.turn) % width
+        return [first, min(first + width, first - first % opts.turn + opts.turn, opts.problems) - first]
 
-    # a unit cut short by a kill runs again whole: its counters ride on its first record, so running only its
-    # missing problems counted their tokens twice
-    missing = {(t, e, unit_of(e, i)) for t, e, i in cells if (t, e, i) not in records}
-    todo = [(t, e, i) for t, e, i in cells if (t, e, unit_of(e, i)) in missing]
+    def measured(task: str, engine: str, i: int) -> bool:
+        """Whether i has a record of the unit it belongs to now. A unit's counters ride on its first record, so
+        a unit cut short by a kill runs again whole (running only its missing problems counted their tokens
+        twice), and so does one another --problems regroups (its first record held the counters of problems
+        outside the run, or a new unit's counters were dropped for an old record)."""
+        record = records.get((task, engine, i))
+        return record is not None and record.get("unit") == unit_of(engine, i)
+
+    missing = {(t, e, unit_of(e, i)[0]) for t, e, i in cells if not measured(t, e, i)}
+    todo = [(t, e, i) for t, e, i in cells if (t, e, unit_of(e, i)[0]) in missing]
     made = {}  # one engine per (task, engine) across a turn's problems, as `spectot solve --limit N` runs them
     if todo:  # untimed: the process's first forwards (kernel loads, thread pools) must not land on the first engine,
         # nor its first sampled token (the noise kernel loads then): thoughts are sampled
@@ -89,8 +98,8 @@ def run_bench_tot(
             task, engine, i = todo[0]
             # a continuous engine searches `in_flight` problems at once: one timed unit, its wall time shared
             width = opts.in_flight if engine.startswith("continuous") else 1
-            unit = [c for c in todo[:width] if c[:2] == (task, engine) and c[2] < i + width]
-            todo = todo[len(unit) :]
+            span = unit_of(engine, i)  # todo holds whole units, each in order: i is its unit's first
+            unit, todo = todo[: span[1]], todo[span[1] :]
             solve = SolveOptions(
                 task=task,
                 data=data[task],
@@ -119,9 +128,11 @@ def run_bench_tot(
                     "grade": record["grade"],
                     "seconds": run.seconds / len(unit),
                     "in_flight": width,
+                    "unit": span,
                     # the unit's counters, once: summarise adds them up over the records
                     "components": {name: asdict(c) for name, c in run.stats.items()} if n == i else {},
                 }
+                records.pop((task, engine, n), None)  # a record of another unit: this line replaces it
                 append_record(out / "records.jsonl", config_key, (task, engine, n), value, records)
             bar.advance(job, len(unit))
     rows = [
@@ -168,9 +179,9 @@ def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None)
         "in_flight": max(v.get("in_flight", 1) for v in values),
         "accuracy": sum(v["grade"] for v in values) / len(values),
         "new_tokens": sum(c.new_tokens for c in comps.values()),
-        "same_answers_as_ar": None
-        if ar is None
-        else sum(v["best_state"] == a["best_state"] for v, a in zip(values, ar)),
+        "same_answers_as_ar": None if ar is None else sum(v["answer"] == a["answer"] for v, a in zip(values, ar)),
+        # the chosen path of thoughts: under greedy decoding every engine's equals ar's (the lossless check)
+        "same_paths_as_ar": None if ar is None else sum(v["best_state"] == a["best_state"] for v, a in zip(values, ar)),
     }
     for name, c in comps.items():
         row[f"{name}_tokens_per_step"] = c.tokens_per_step
@@ -183,8 +194,9 @@ def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None)
 def markdown(rows: list[dict]) -> str:
     head = (
         "| task | engine | in flight | problems | seconds | tok/s | speedup vs ar | speedup vs best batched-ar | "
-        "TG tok/step | SE tok/step | TG accept | SE accept | TG s | SE s | accuracy | same tree as ar |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "TG tok/step | SE tok/step | TG accept | SE accept | TG s | SE s | accuracy | same answer as ar | "
+        "same path as ar |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     lines = [
@@ -193,7 +205,8 @@ def markdown(rows: list[dict]) -> str:
         f"{fmt(r.get('speedup_vs_ar'))} | {fmt(r.get('speedup_vs_batched-ar'))} | {fmt(r.get('TG_tokens_per_step'))} | "
         f"{fmt(r.get('SE_tokens_per_step'))} | {fmt(r.get('TG_acceptance'))} | {fmt(r.get('SE_acceptance'))} | "
         f"{fmt(r.get('TG_seconds'), 1)} | {fmt(r.get('SE_seconds'), 1)} | {fmt(r['accuracy'])} | "
-        f"{'-' if r['same_answers_as_ar'] is None else r['same_answers_as_ar']}/{r['problems']} |"
+        f"{'-' if r['same_answers_as_ar'] is None else r['same_answers_as_ar']}/{r['problems']} | "
+        f"{'-' if r['same_paths_as_ar'] is None else r['same_paths_as_ar']}/{r['problems']} |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
