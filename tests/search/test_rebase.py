@@ -84,6 +84,15 @@ def test_weighted_vote_uses_the_equivalence() -> None:
     assert groups == [AnswerGroup("0.5", 2.0, 2), AnswerGroup("2", 1.5, 1)]
 
 
+def test_tied_groups_keep_the_first_seen_whatever_the_rounding() -> None:
+    """B's 0.1 + 0.2 summed to 0.30000000000000004 and beat A's 0.3; rewards of k / 9 tied the same way."""
+    for weights in ([0.3, 0.1, 0.2], [6 / 9, 1 / 9, 5 / 9]):
+        groups = weighted_vote(["A", "B", "B"], weights)
+        assert [g.answer for g in groups] == ["A", "B"] and best_answer(groups) == "A"
+        assert best_answer(list(reversed(groups))) == "B"  # first seen in the order given
+    assert best_answer(weighted_vote(["A", "B", "B"], [0.3, 0.1, 0.2001])) == "B"  # a real difference still wins
+
+
 def test_weighted_vote_with_nothing_answered() -> None:
     assert weighted_vote([None, None], [1.0, 1.0]) == []
     assert best_answer([]) is None

@@ -90,9 +90,16 @@ def weighted_vote(
                 break
         else:
             groups.append(AnswerGroup(answer, float(weight), 1))
-    return sorted(groups, key=lambda group: -group.weight)  # conf = sum of member weights; stable sort
+    return sorted(groups, key=lambda group: -_tied(group.weight))  # conf = sum of member weights; stable sort
+
+
+def _tied(weight: float) -> float:
+    """A group's weight as votes compare it: sums of equal rewards taken in another order differ in their last bits
+    (0.1 + 0.2 > 0.3, 1/9 + 5/9 > 6/9), which decided a tie by rounding instead of first seen."""
+    return round(weight, 9)
 
 
 def best_answer(groups: Sequence[AnswerGroup]) -> str | None:
-    """The representative of the heaviest group, or None when nothing was answered."""
-    return max(groups, key=lambda group: group.weight).answer if groups else None
+    """The representative of the heaviest group (the first seen among tied ones), or None when nothing was
+    answered."""
+    return max(groups, key=lambda group: _tied(group.weight)).answer if groups else None
