@@ -4,6 +4,7 @@ so a run that adds a file extracts only that file, and an edited file gets fresh
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -105,7 +106,7 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
             TrainDraftOptions(corpus=(b,), kind="vdm", **{flag: True})
 
     with pytest.raises(ValueError, match="holds a draft of kind edd: pass --kind edd"):
-        train("wrong_kind", (b,), init=str(tmp_path / "base"), kind="vdm")
+        train("wrong_kind", (b,), init=str(tmp_path / "base"), kind="vdm", hidden_layer=-4)
     with pytest.raises(ValueError, match="not a draft folder"):
         train("no_draft", (b,), init=str(tmp_path))
     assert not (tmp_path / "wrong_kind" / "train.json").exists()
@@ -201,6 +202,30 @@ def test_features_of_another_chat_template_are_not_reused(tiny_checkpoint, tmp_p
     run_train_draft(model, options)
     with pytest.raises(ValueError, match="holds features of another setup"):
         run_train_draft(ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch"), options)
+
+
+def test_features_of_another_target_at_the_same_path_are_not_reused(tiny_model, tmp_path) -> None:
+    """The features' setup named the target by path: one retrained or downloaded anew there trained on the old one's
+    hidden states and probabilities, in silence."""
+    from conftest import build_tiny_tokenizer
+
+    target = tmp_path / "target"
+    tiny_model("llama", 0).save_pretrained(target)
+    build_tiny_tokenizer().save_pretrained(target)
+    options = TrainDraftOptions(
+        corpus=(corpus(tmp_path / "a.jsonl", 0, 4),),
+        out=str(tmp_path / "out"),
+        features=str(tmp_path / "f"),
+        head_vocab=16,
+        layers=1,
+        hidden_layer=-2,
+        epochs=1,
+    )
+    model = ModelOptions(target=str(target), dtype="fp32", kernels="torch")
+    run_train_draft(model, options)
+    tiny_model("llama", 1).save_pretrained(target)  # other weights, same path
+    with pytest.raises(ValueError, match="holds features of another setup"):
+        run_train_draft(model, replace(options, out=str(tmp_path / "out2")))
 
 
 def test_features_record_how_they_store_hidden_states(tiny_checkpoint, tmp_path) -> None:

@@ -83,6 +83,8 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     features = Path(options.features) if options.features else out / "features"
     setup = {
         "target": model.target,
+        # and its weights: a target retrained or downloaded anew at the same path kept reading the old one's features
+        "target_weights": weights_digest(target.model),
         "dtype": model.dtype,
         "hidden_layer": hidden_layer,
         "top_k": options.top_k,
@@ -207,6 +209,19 @@ def _features_name(path: str) -> str:
     """A corpus file's features folder: its name and a hash of its content (an edited file gets new features)."""
     digest = hashlib.blake2b(Path(path).read_bytes(), digest_size=6).hexdigest()
     return f"{Path(path).stem}-{digest}"
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """16 hex digits of every parameter's name, shape and 1,024 values spread over it, rounded to bf16 (the dtype is
+    the setup's own entry): a target retrained or fine-tuned (a layer's weights only included) differs, and hashing
+    samples costs milliseconds, not a pass over the model."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        flat = param.detach().reshape(-1)
+        picks = torch.linspace(0, flat.numel() - 1, min(1024, flat.numel())).long()
+        digest.update(f"{name}:{tuple(param.shape)}".encode())
+        digest.update(flat[picks].to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _check_features_meta(features: Path, meta: dict, extracted_with: dict) -> None:
