@@ -175,6 +175,13 @@ def test_value_prompt_marks_the_latest_step() -> None:
         ("Between 1 and 10: 9", 9.0),
         ("It adds 3 and 4 to get 7", 3.0),  # "3 and 4" names no range ending at 10
         ("15 - 10 = 5, rating 9", 10.0),  # nor arithmetic: only 0 or 1 to 10 is the scale
+        # review: money read as math cut off (everything after it dropped), a rated step's number dropped
+        (" The $14 total is right: 9", 9.0),
+        ("It costs $ 1,200.50 in all, so 8", 8.0),
+        ("$3x + 1$ is right, so I rate 8", 8.0),
+        (" I would rate this step 8.", 8.0),
+        (" This step 9", 9.0),
+        ("Step 2 is correct. 9", 9.0),
     ],
 )
 def test_parse_value(text: str, score: float) -> None:

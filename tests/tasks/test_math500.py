@@ -60,6 +60,11 @@ def test_malformed_and_incomplete_lines_are_named(tmp_path: Path) -> None:
         ("The answer is 3.5 meters. Then we check it.", "3.5 meters"),
         ("no answer here", None),
         ("unbalanced \\boxed{1", None),
+        # review: a later "answer is" that states no answer, and \\( \\) delimiters
+        ("The answer is $\\frac{14}{3}$. We can check that this answer is correct.", "\\frac{14}{3}"),
+        ("The answer is \\(\\frac{14}{3}\\).", "\\frac{14}{3}"),
+        ("The answer is \\[x = 5\\] as shown", "x = 5"),
+        ("I think the answer is correct.", "correct"),  # nothing math-like: the last statement still
     ],
 )
 def test_extract_boxed(text: str, inside: str | None) -> None:
@@ -127,6 +132,12 @@ def test_extract_boxed(text: str, inside: str | None) -> None:
             "\\boxed{\\begin{bmatrix} -1 & 0 \\\\ 0 & -1 \\end{bmatrix}}",
             "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
         ),
+        # review: delimiters \\( \\), \\degree, a set of roots against their bare list, \\sqrt2x
+        ("\\(\\frac{14}{3}\\)", "\\frac{14}{3}"),
+        ("90\\degree", "90^\\circ"),
+        ("\\{3,5,7\\}", "3, 5, 7"),
+        ("\\{3,5,7\\}", "7, 3, 5"),
+        ("\\sqrt2x", "\\sqrt{2}x"),
     ],
 )
 def test_equivalent_pairs(pred: str, gold: str) -> None:
@@ -172,6 +183,9 @@ def test_equivalent_pairs(pred: str, gold: str) -> None:
         ("(1,2)", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
         ("\\begin{pmatrix} 1 \\\\ \\frac{1}{2} \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ \\frac{1}{3} \\end{pmatrix}"),
         ("\\begin{pmatrix} 1 \\\\ 2 \\\\ 3 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("\\sqrt2x", "\\sqrt{2x}"),  # the digits only go under the root
+        ("(3,5)", "3,5"),  # a point is no list of roots
+        ("\\{3,5\\}", "3,5,7"),
     ],
 )
 def test_non_equivalent_pairs(pred: str, gold: str) -> None:

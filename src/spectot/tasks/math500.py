@@ -104,16 +104,25 @@ def extract_boxed(text: str) -> str | None:
     found = list(re.finditer(r"answer is:?", text, flags=re.IGNORECASE))
     if not found:
         return None
-    return _stated_answer(text[found[-1].end() :].split("\n", 1)[0].strip())
+    tails = [text[m.end() :].split("\n", 1)[0].strip() for m in reversed(found)]
+    # the last statement that states something math-like ("The answer is $\frac{14}{3}$. We can check that this
+    # answer is correct." answers 14/3, not "correct"); else the last one
+    stated = next((tail for tail in tails if re.match(r"(?:\$|\\[(\[]|[-(\d])", tail)), tails[0])
+    return _stated_answer(stated)
 
 
 def _stated_answer(tail: str) -> str | None:
     """The answer that opens ``tail``: its leading $...$ formula, else the text up to the sentence end.
 
-    "$x = 5$. Another line" -> "x = 5"; "3.5 meters. Then" -> "3.5 meters" (a decimal point is no end).
+    "$x = 5$. Another line" -> "x = 5"; "\\(x = 5\\)." -> "x = 5"; "3.5 meters. Then" -> "3.5 meters" (a decimal point
+    is no end).
     """
-    formula = re.match(r"\$+([^$]*)\$", tail)
-    answer = formula.group(1) if formula else re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0].strip("$")
+    formula = re.match(r"\$+([^$]*)\$|\\\((.*?)\\\)|\\\[(.*?)\\\]", tail)  # $x$, \(x\) or \[x\]
+    answer = (
+        next(g for g in formula.groups() if g is not None)
+        if formula
+        else re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0].strip("$")
+    )
     return answer.strip() or None
 
 
@@ -139,7 +148,8 @@ def normalize_answer(answer: str) -> str:
         s = s.replace(spacing, " ")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\left", "").replace("\\right", "")
-    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\circ", "", s)
+    s = re.sub(r"\\[()\[\]]", "", s)  # \( \) and \[ \]: math delimiters, as $
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\circ|\\degree\b", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = TEXT_UNITS.sub("", s)
     s = re.sub(r"\\(?:text|textbf|textrm|mathrm|mbox|mathbf)\s*\{([^{}]*)\}", r"\1", s)
@@ -196,9 +206,10 @@ def _fix_fracs(s: str) -> str:
 
 
 def _fix_sqrt(s: str) -> str:
-    """'\\sqrt3' -> '\\sqrt{3}', '\\sqrt13' -> '\\sqrt{13}' (the whole word, as the common MATH graders read it;
-    one character made 3\\sqrt13 = 3 sqrt(1) 3 = 9)."""
-    return re.sub(r"\\sqrt\s*(\w+)", r"\\sqrt{\1}", s)
+    """'\\sqrt3' -> '\\sqrt{3}', '\\sqrt13' -> '\\sqrt{13}' (the whole number, as the common MATH graders read it;
+    one digit made 3\\sqrt13 = 3 sqrt(1) 3 = 9), '\\sqrt2x' -> '\\sqrt{2}x' (a number's digits only: the whole word
+    made it sqrt(2x)), '\\sqrtx' -> '\\sqrt{x}'."""
+    return re.sub(r"\\sqrt\s*(\d+|[a-zA-Z])", r"\\sqrt{\1}", s)
 
 
 def _brace(group: str) -> str:
@@ -301,11 +312,15 @@ def _top_level_split(s: str) -> list[str] | None:
 
 
 def _sequences_equal(a: tuple[str, list[str], str], b: tuple[str, list[str], str]) -> bool:
-    """Bracketed sequences match in order with equal brackets; bare lists ("1,-2") and sets ({1,2}) in any order."""
-    (open_a, items_a, close_a), (open_b, items_b, close_b) = a, b
+    """Bracketed sequences match in order with equal brackets; bare lists ("1,-2") and sets ({1,2}) in any order, a
+    set and a bare list alike (the roots \\{3,5,7\\} answer "3, 5, 7")."""
+    (open_a, items_a, close_a), (open_b, items_b, close_b) = (
+        ("", items, "") if (opening, closing) == ("{", "}") else (opening, items, closing)
+        for opening, items, closing in (a, b)
+    )
     if (open_a, close_a) != (open_b, close_b) or len(items_a) != len(items_b):
         return False
-    if open_a and open_a != "{":
+    if open_a:
         return all(is_equiv(x, y) for x, y in zip(items_a, items_b))
     remaining = list(items_b)
     for x in items_a:
