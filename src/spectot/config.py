@@ -1151,6 +1151,11 @@ def check_solve(
         )
         if search.evaluation == "value":
             _refuse_unread(_set(search, "n_votes"), "counts --evaluation vote's votes; --evaluation value")
+        if search.generation == "propose" and options.task == "creative_writing":  # before the model loads
+            raise ValueError(
+                "--generation propose lists one-line steps; Creative Writing's plans and passages are paragraphs: "
+                "sample them (--generation sample)"
+            )
         if search.evaluation == "vote" and search.n_votes > 1 and search.eval_temperature == 0:
             raise ValueError(
                 f"--evaluation vote --n-votes {search.n_votes} at --eval-temperature 0 casts {search.n_votes} "

@@ -192,3 +192,35 @@ def test_votes_and_proposals_are_read_as_models_write_them() -> None:
     proposals = task.parse_proposals(Problem("p", "", ""), (), "Step 1: add\nStep 2: sub\n1. Step: mul\nstep: div")
     assert proposals == ["add", "sub", "mul", "div"]
     assert task.parse_proposals(Problem("p", "", ""), (), "no label\nsecond") == ["no label"]
+    # markdown labels collapsed to one proposal, the first line, label and all
+    for text in (
+        "**Step 1:** a\n**Step 2:** b\n**Step 3:** c",
+        "- Step: a\n- Step: b\n- Step: c",
+        "* **Step:** a\nb\n* Step 2: b\n1. **Step 3:** c",
+    ):
+        assert task.parse_proposals(Problem("p", "", ""), (), text) == ["a", "b", "c"], text
+
+
+def test_the_last_proposals_are_asked_for_the_final_answer() -> None:
+    """The generic propose prompt never asked for the final answer: a GSM8K state ending in a proposed step was
+    final at the depth limit and answered ''. Creative Writing's paragraphs are no one-line proposals."""
+    from spectot.config import BackendOptions, DraftOptions, SearchOptions, SolveOptions, TreeSearchOptions, check_solve
+    from spectot.tasks.creative_writing import CreativeWritingTask
+    from spectot.tasks.gsm8k import FINAL_MARKER, Gsm8kTask
+    from spectot.tasks.math500 import Math500Task
+
+    problem = Problem("p", "What is 2 + 3?", "5")
+    gsm8k, math = Gsm8kTask(depth=3), Math500Task(depth=3)
+    assert FINAL_MARKER not in gsm8k.propose(problem, ("a",), 3).prompt
+    assert f'each starts with "{FINAL_MARKER}:"' in gsm8k.propose(problem, ("a", "b"), 3).prompt
+    assert "\\boxed{}" in math.propose(problem, ("a", "b"), 3).prompt
+    with pytest.raises(ValueError, match="sample them"):
+        CreativeWritingTask().propose(problem, (), 3)
+    with pytest.raises(ValueError, match="Creative Writing's plans and passages are paragraphs"):
+        check_solve(
+            SearchOptions(generation="propose"),
+            DraftOptions(),
+            SolveOptions(task="creative_writing"),
+            TreeSearchOptions(),
+            BackendOptions(),
+        )

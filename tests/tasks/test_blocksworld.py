@@ -470,6 +470,9 @@ def test_parse_thought_normalises_or_keeps_the_raw_line() -> None:
     assert task.parse_thought(problem, (), "  I think we are done  ") == "I think we are done"
     assert task.parse_thought(problem, (), "[PLAN END]") == PLAN_END
     assert task.parse_thought(problem, (), "(stack z)") == "(stack z)"
+    # an action on the marker's line is the step (it was dropped, leaving the plan one action short)
+    assert task.parse_thought(problem, (), "(unstack c d) [PLAN END]") == render_action(Action("unstack", ("c", "d")))
+    assert task.parse_thought(problem, (), "done [plan end]") == PLAN_END
 
 
 def test_is_final_and_grade_on_gold_and_broken_plans(data_dir: Path) -> None:
@@ -483,6 +486,9 @@ def test_is_final_and_grade_on_gold_and_broken_plans(data_dir: Path) -> None:
     assert task.grade(problem, "\n".join(lines)) == 1.0
     assert task.grade(problem, "\n".join(lines[1:])) == 0.0
     assert task.grade(problem, "\n".join(lines[:3] + (PLAN_END,) + lines[3:])) == 0.0
+    assert (
+        task.grade(problem, "\n".join(lines[:-1] + (lines[-1] + " " + PLAN_END,))) == 1.0
+    )  # the action before the marker counts
     assert task.grade(problem, "") == 0.0
     # an unreadable step is skipped by the search as by the grade: with it the plan was not final (the search went
     # on adding actions) while its answer graded 1.0

@@ -130,6 +130,8 @@ def test_missing_file(tmp_path) -> None:
         ("Thus the coherency score is 3. On reflection, thus the coherency score is 6.", 6.0),
         ("The passage has 4 paragraphs and reads like 10*10 = 100 words", 1.0),  # no conclusion: the lowest
         ("Thus the coherency score is 14", 10.0),
+        ("Thus the coherency score is: **8**", 8.0),  # markdown: '": **"' was past the 3 characters allowed
+        ("Thus the __coherency score__ is 7.", 7.0),
     ],
 )
 def test_a_score_is_the_concluded_one(text: str, score: float) -> None:

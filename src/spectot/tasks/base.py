@@ -47,11 +47,12 @@ VOTE_PROMPT = (  # ToT's vote prompt (Yao et al. 2023, src/tot/prompts/text.py),
 )
 PROPOSE_PROMPT = (
     "{question}\n\nSteps so far:\n{steps}\n\nPropose {n} different possible next steps, one per line, "
-    "each starting with 'Step:'.\n"
+    "each starting with 'Step:'.{last}\n"
 )
 
 
-PROPOSAL_LABEL = re.compile(r"(?:\d+[.)]\s*)?step\s*\d*\s*[:.]\s*(.*)", re.IGNORECASE)
+# "Step: a", "Step 2: a", "1. Step: a", "Step 3. a", and markdown's "**Step 1:** a", "- Step: a", "* **Step:** a"
+PROPOSAL_LABEL = re.compile(r"[\s*\-•]*(?:\d+[.)]\s*)?\**\s*step\s*\d*\s*[:.]\s*\**\s*(.*)", re.IGNORECASE)
 # "The best choice is 2", "... is Choice 2", "... is: **Choice 2**", '... is "Choice 1"' (markdown and quotes)
 VOTE_CONCLUSION = re.compile(r"best choice is\W{0,6}(?:choice\W{0,3})?(\d+)", re.IGNORECASE)
 
@@ -100,10 +101,18 @@ class Task:
         """Refuse problems the task's own prompts already answer (a few-shot demo among them); none by default."""
 
     # -- generic defaults: generation by `propose`, evaluation by `vote` ---------------------------
+    # what the proposals of a state's last step must do (state the answer as final_answer reads it); None: the
+    # task's steps are not one-line proposals (generate them by sampling)
+    last_proposals: str | None = ""
+
     def propose(self, problem: Problem, state: State, n: int) -> StepRequest:
-        """One prompt for G that lists ``n`` candidate next steps at once (ToT's `propose`)."""
+        """One prompt for G that lists ``n`` candidate next steps at once (ToT's `propose`); for the last step
+        the task's ``last_proposals`` instruction is added (without it no proposal stated the final answer)."""
+        if self.last_proposals is None:
+            raise ValueError(f"{self.name}'s steps are not one-line proposals: sample them (generation 'sample')")
         steps = "\n".join(state) or "(none)"
-        return StepRequest(PROPOSE_PROMPT.format(question=problem.question, steps=steps, n=n), (), 64 * n)
+        last = " " + self.last_proposals if self.last_proposals and len(state) >= self.depth - 1 else ""
+        return StepRequest(PROPOSE_PROMPT.format(question=problem.question, steps=steps, n=n, last=last), (), 64 * n)
 
     def parse_proposals(self, problem: Problem, state: State, text: str) -> list[str]:
         """The proposed steps: lines labelled 'Step:' as asked, or as models also write them ('Step 2: ...',

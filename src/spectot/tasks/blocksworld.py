@@ -525,11 +525,12 @@ def parse_plan_text(text: str, config: BlocksConfig = DEFAULT_CONFIG) -> list[Ac
     """
     actions = []
     for line in text.splitlines():
-        if PLAN_END.lower() in line.lower():
-            break
-        action = parse_action(line, config)
+        end = line.lower().find(PLAN_END.lower())
+        action = parse_action(line if end < 0 else line[:end], config)  # "<action> [PLAN END]": the action counts
         if action is not None:
             actions.append(action)
+        if end >= 0:
+            break
     return actions
 
 
@@ -894,8 +895,10 @@ class BlocksworldTask(Task):
 
     def parse_thought(self, problem: Problem, state: State, text: str) -> str:
         line = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        if PLAN_END.lower() in line.lower():
-            return PLAN_END
+        end = line.lower().find(PLAN_END.lower())
+        if end >= 0:  # "<action> [PLAN END]": the action is the step (the plan ends once it reaches the goal)
+            action = parse_action(line[:end], self.config)
+            return render_action(action, self.config) if action and _renderable(action, self.config) else PLAN_END
         action = parse_action(line, self.config)
         return render_action(action, self.config) if action and _renderable(action, self.config) else line
 

@@ -99,6 +99,7 @@ class CreativeWritingTask(Task):
     """
 
     name = "creative_writing"
+    last_proposals = None  # a plan and a passage of paragraphs: no one-line proposals
     depth = 2
 
     def __init__(self, plan_tokens: int = 160, passage_tokens: int = 480, score_tokens: int = 384) -> None:
@@ -122,7 +123,8 @@ class CreativeWritingTask(Task):
     def parse_value(self, text: str) -> float:
         """The concluded "coherency score is s" (the last), clipped to 1-10; without one the lowest score, as
         ToT ignores an output that does not conclude (any digit of the analysis, "4 paragraphs", is no score)."""
-        match = re.findall(r"coherency score is\D{0,3}(\d+)", text, flags=re.IGNORECASE)
+        plain = re.sub(r"[*_]", "", text)  # markdown emphasis: "is: **8**"
+        match = re.findall(r"coherency score is\D{0,3}(\d+)", plain, flags=re.IGNORECASE)
         return float(min(10, max(1, int(match[-1])))) if match else 1.0
 
     def is_final(self, problem: Problem, state: State) -> bool:

@@ -221,6 +221,7 @@ class Gsm8kTask(Task):
     """ToT BFS over sub-question steps; ``depth - 1`` sub-questions, then the final answer."""
 
     name = "gsm8k"
+    last_proposals = f'These are the last steps: each starts with "{FINAL_MARKER}:" and ends with "The answer is N."'
 
     def __init__(self, depth: int = 4, max_step_tokens: int = 96) -> None:
         if depth < 2:

@@ -533,6 +533,7 @@ class Math500Task(Task):
     """ToT BFS over solution paragraphs; the ``depth``-th step gives \\boxed{answer}."""
 
     name = "math500"
+    last_proposals = "These are the last steps: each finishes the solution and puts the final answer in \\boxed{}."
 
     def __init__(self, depth: int = 4, max_step_tokens: int = 160) -> None:
         if depth < 1:
