@@ -90,3 +90,31 @@ def test_a_reward_model_is_held_to_the_unit_interval(value: float) -> None:
     bad = Expander(Gsm8kTask(), problem, OneStep(), reward=lambda p, s: value)
     with pytest.raises(ValueError, match=r"reward model returned .* rewards lie in \[0, 1\]"):
         asyncio.run(bad.expand(ChildKey((), 0)))
+
+
+def test_open_states_answer_when_the_finished_leaves_say_nothing() -> None:
+    """At the depth limit the open states were read for an answer only when no leaf had finished: one finished
+    leaf without an answer dropped them, and the search answered ''."""
+    import asyncio
+
+    from spectot.search.bfs import reward_balanced_search
+    from spectot.search.tree_search import TreeSearchConfig
+    from spectot.tasks.base import Problem, Task
+
+    class Reading(Task):
+        name, depth = "reading", 3
+
+        def final_answer(self, problem, state):
+            return state[-1].split()[-1] if state[-1][-1].isdigit() else ""
+
+    class Scripted:
+        async def level(self, keys, rule=None, budget=0):
+            steps = [("gave up", True), ("so far 7", False)]
+            return [Child(k, k.parent + (step,), step, 0.5, final, "", 1, 0.0) for k, (step, final) in zip(keys, steps)]
+
+        def retain(self, keep, running_only=False):
+            pass
+
+    config = TreeSearchConfig("rebase", budget=2, max_depth=1)
+    result = asyncio.run(reward_balanced_search(Reading(), Problem("p", "q", "7"), Scripted(), config))
+    assert result.answer == "7"

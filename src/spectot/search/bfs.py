@@ -78,8 +78,9 @@ async def reward_balanced_search(
             return result_of(task, problem, leaves, consumed, stopped=True)
         if budget <= 0 or not frontier:
             break
-    if not leaves:  # the depth limit came first: the open states answer as they are (what the task reads in them)
-        leaves = read_open(task, problem, [c for c in frontier if c.state])
+    if not any(c.answer for c in leaves):  # the depth limit came first (or the finished leaves answered nothing):
+        leaves = read_open(task, problem, leaves + [c for c in frontier if c.state])  # the open states answer as
+        # they are (what the task reads in them)
     return result_of(task, problem, leaves, consumed, stopped=False)
 
 
