@@ -511,7 +511,7 @@ class TrainDraftOptions:
                 _set(self, "hidden_layer", "hidden_states", "token_lr"),
                 "configure EDD's hidden-state input; --kind vdm (no hidden states)",
             )
-        elif self.token_lr and not (self.next_token or self.current_token):
+        elif self.token_lr and not (self.next_token or self.current_token or self.init):  # --init: its draft's
             raise ValueError("--token-lr is the learning rate of --next-token / --current-token's inputs: pass one")
 
 
@@ -952,6 +952,9 @@ class ServeOptions:
             raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {self.shutdown_grace}")
 
 
+SPEX_VARIANTS = ("plain", "spex", "spex+wake", "sd", "spex+sd", "spex+es", "spex+sd+es")  # bench spex's cells
+
+
 @dataclass(frozen=True)
 class BenchSpexOptions:
     gsm8k: str = field(default="../shared/data/gsm8k/test.jsonl", **opt("GSM8K test jsonl ('' = skip)"))
@@ -988,6 +991,7 @@ class BenchSpexOptions:
             )
         parse_names(self.searches, "--searches", TREE_SEARCHES)
         parse_int_list(self.in_flight, "--in-flight")
+        parse_names(self.variants, "--variants", SPEX_VARIANTS)  # before the output folder is made
         if not (self.gsm8k or self.math500):  # it measured throughput and wrote an empty table, exit 0
             raise ValueError("--gsm8k and --math500 are both empty: give at least one question file")
 

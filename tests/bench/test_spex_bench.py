@@ -121,3 +121,14 @@ def test_a_plain_bfs_row_gets_its_trees_replayed_on_the_throughput_curve(tmp_pat
     assert rows[0]["search"] == "rebase" and rows[0]["machine_ceiling"] == pytest.approx(expected)
     assert "machine_ceiling" not in rows[1]  # rStar has no level barriers to replay
     assert f"| {expected:.2f} |" in (tmp_path / "results.md").read_text()
+
+
+def test_unknown_variants_are_refused_before_the_output_folder_is_made(tmp_path) -> None:
+    """They were refused inside the run, after its output folder was made (left empty)."""
+    from spectot.bench.spex import VARIANTS
+    from spectot.config import SPEX_VARIANTS, BenchSpexOptions
+
+    assert set(VARIANTS) == set(SPEX_VARIANTS)
+    with pytest.raises(ValueError, match="--variants: choose from plain, spex"):
+        BenchSpexOptions(variants="plain,spex-nowake", out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

@@ -101,6 +101,10 @@ def test_init_fine_tunes_a_trained_draft_and_keeps_its_head(tiny_checkpoint, tmp
     assert weights("copy").keys() == weights("grown").keys() | {"current_proj.weight"}
     assert weights("copy")["current_proj.weight"].abs().max() < 1e-9  # from 0, at a rate too small to move it
     assert torch.allclose(weights("copy")["next_proj.weight"], weights("grown")["next_proj.weight"], rtol=0, atol=1e-9)
+    # --token-lr under --init: the draft's own token inputs count (README's recipe fine-tunes the shipped EDD so)
+    train("token_lr", (b,), init=str(tmp_path / "grown"), token_lr=1e-3)
+    with pytest.raises(ValueError, match="has none: pass --next-token"):
+        train("token_lr_none", (b,), init=str(tmp_path / "base"), token_lr=1e-3)
     for flag in ("next_token", "current_token"):
         with pytest.raises(ValueError, match="--next-token and --current-token pair"):
             TrainDraftOptions(corpus=(b,), kind="vdm", **{flag: True})

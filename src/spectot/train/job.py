@@ -54,6 +54,16 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     init_folder, init_config = _starting_folder(options.init, model.target, options.kind, target.model)
     # --init keeps the draft's hidden layer: its features must come from the layer it reads at inference
     init_layer = init_config.hidden_layer if init_config else None
+    token_inputs = options.next_token or options.current_token
+    if (
+        options.token_lr
+        and not token_inputs
+        and not (init_config and (init_config.next_token or init_config.current_token))
+    ):
+        raise ValueError(
+            f"--token-lr is the learning rate of the token inputs; --init {options.init} has none: pass --next-token "
+            "or --current-token"
+        )
     hidden_layer = options.hidden_layer if init_layer is None else init_layer
 
     def encode_chat(text: str) -> list[int]:  # a prompt, as Pipeline.encode feeds it at inference
