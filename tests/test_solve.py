@@ -206,6 +206,34 @@ def test_a_problem_too_long_for_the_context_is_named(tiny_checkpoint, tmp_path) 
         run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options)
 
 
+def test_problems_in_flight_are_written_as_they_finish(tiny_checkpoint, tmp_path) -> None:
+    """Records came back in problem order: a problem finished behind a failing (or slow) one was held unwritten,
+    and the failure lost it (--resume ran it again)."""
+    data = tmp_path / "mixed.jsonl"
+    lines = [{"question": " ".join(["w5"] * 5000), "answer": "#### 4"}, {"question": "w1 w2", "answer": "#### 3"}]
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    out = tmp_path / "records.jsonl"
+    options = SolveOptions(task="gsm8k", data=str(data), limit=2, engine="continuous-ar", json=str(out))
+    with pytest.raises(ValueError, match=r"problem 1: .*tokens"):
+        run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options, in_flight=2)
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["2"]
+
+
+def test_a_resume_against_other_servers_of_an_unnamed_model_is_another_setup() -> None:
+    """The servers' URLs were left out of a run's setup: with no --served-model, a resume against another server
+    (another model) mixed two models' records in one file and one accuracy."""
+    from spectot.config import BackendOptions
+    from spectot.solve import run_setup
+
+    a, b = ("http://a:8000/v1",), ("http://b:9000/v1",)
+    unnamed = [run_setup(BackendOptions(backend="openai", base_url=url)) for url in (a, b)]
+    assert unnamed[0] != unnamed[1]
+    named = [run_setup(BackendOptions(backend="openai", base_url=url, served_model="m")) for url in (a, b)]
+    assert named[0] == named[1]  # the model is named: another address of it resumes
+    assert "base_url" not in run_setup(BackendOptions())["BackendOptions"]  # the local backend's runs resume as before
+
+
 def test_the_bfs_figures_are_left_out_of_an_mcts_summary() -> None:
     """level_seconds / speculation_ceiling (the wait at BFS's reward barriers) were reported for rStar runs too."""
     tree = TreeSearchOptions(budget=2)

@@ -171,6 +171,8 @@ class ModelOptions:
             raise ValueError(
                 f"--threads must be in [0, {4 * cores}] (this machine has {cores} cores), got {self.threads}"
             )
+        if self.dtype not in get_args(DType):  # the CLI's choices check it; the Python API passes any string
+            raise ValueError(f"--dtype must be one of {', '.join(get_args(DType))}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.removeprefix("cuda:").isdigit():
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got '{self.device}'")
         if self.prefix_cache < 0:

@@ -63,8 +63,13 @@ def run_setup(*options: Any, **more: Any) -> dict:
     problems, outputs or speed (limit, offset, files written, threads, timeouts)."""
     skip = {"limit", "offset", "json", "resume", "trace", "generations", "threads", "timeout", "connect_timeout"}
     skip |= {"retries", "base_url"}
-    setup = {type(o).__name__: {k: v for k, v in asdict(o).items() if k not in skip} for o in options}
-    return {**setup, **more}
+
+    def kept(o: Any) -> dict:
+        named = getattr(o, "served_model", None) != "" or getattr(o, "backend", "") != "openai"
+        # servers whose model is not named serve what they load: their URLs stand for the model
+        return {k: v for k, v in asdict(o).items() if k not in skip or (k == "base_url" and not named)}
+
+    return {**{type(o).__name__: kept(o) for o in options}, **more}
 
 
 def resume_problems(
@@ -119,7 +124,7 @@ def run_solve(
     the adaptive draft length's acceptance estimate, as it does across one run's problems).
     ``in_flight``: problems searched at once, each on its own thread, their requests sharing the forwards
     of a continuous engine (> 1 needs one); every problem's tree is the one it gets alone."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from spectot.engine.openmp import release_thread_pool
     from spectot.pipeline import Pipeline, make_engine
@@ -177,12 +182,29 @@ def run_solve(
     release_thread_pool()  # the problem threads (or the engine's) run the model from here on
     try:
         with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="spectot-problem") as pool:
-            for i, record in enumerate(pool.map(solve, problems)):  # in problem order
-                run.records.append(record)
+            # each record written as its problem finishes: in problem order, a problem behind a slow one waited
+            # unwritten, and a failure or a kill lost every record held back so (--resume ran them again)
+            futures = {pool.submit(solve, problem): i for i, problem in enumerate(problems)}
+            finished: dict[int, dict] = {}
+            failure: BaseException | None = None
+            for future in as_completed(futures):
+                if future.cancelled():
+                    continue
+                error = future.exception()
+                if error is not None:
+                    if failure is None:  # the first: problems not started yet are not started
+                        failure = error
+                        for other in futures:
+                            other.cancel()
+                    continue
+                finished[futures[future]] = record = future.result()
                 if write is not None:
                     write(record)
                 if report is not None:
-                    report(i + 1, len(problems), record)
+                    report(len(finished), len(problems), record)
+            if failure is not None:
+                raise failure
+            run.records = [finished[i] for i in range(len(problems))]  # in problem order
     finally:
         if owned:
             getattr(engine, "close", lambda: None)()

@@ -198,6 +198,18 @@ def test_a_checkpoint_missing_weights_is_refused(tiny_checkpoint, tmp_path) -> N
     assert load_model(str(tiny_checkpoint), dtype="fp32").model is not None  # a whole one (tied head) loads
 
 
+def test_a_dtype_that_is_none_is_named_not_taken_for_a_broken_checkpoint(tiny_checkpoint) -> None:
+    """load_model(path, dtype="auto") raised KeyError inside the load: 'cannot load the checkpoint ...; delete <the
+    alias cache> and load the alias again'."""
+    from spectot.config import ModelOptions
+
+    for dtype in ("auto", "float32"):
+        with pytest.raises(ValueError, match=f"dtype must be one of bf16, fp32, fp16, got '{dtype}'"):
+            load_model(str(tiny_checkpoint), dtype=dtype)
+    with pytest.raises(ValueError, match="--dtype must be one of"):
+        ModelOptions(dtype="auto")
+
+
 def test_weights_the_config_does_not_read_are_named(tiny_checkpoint, tmp_path, caplog) -> None:
     """A config.json declaring fewer layers than its weights hold loaded the declared ones, transformers' warning
     shown only under -v; the loader's own warning reaches the CLI's default level."""

@@ -47,7 +47,10 @@ class LoadedModel:
 def torch_dtype(dtype: DType) -> torch.dtype:
     import torch
 
-    return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+    if dtype not in dtypes:  # a KeyError inside the load read as a broken checkpoint ("delete the cache")
+        raise ValueError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+    return dtypes[dtype]
 
 
 def check_architecture(config: Any) -> int:
@@ -154,6 +157,7 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
+    weights_dtype = torch_dtype(dtype)  # before the load: a bad name is no broken checkpoint
 
     source = resolve_checkpoint(name_or_path)
     try:
@@ -181,7 +185,7 @@ def load_model(name_or_path: str, dtype: DType = "bf16", device: str = "cpu") ->
     )
     try:  # the tokenizer first: a missing one is found before the weights' load
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype(dtype), output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(source, dtype=weights_dtype, output_loading_info=True)
     except Exception as err:  # a truncated safetensors file (SafetensorError), a tokenizer file missing
         raise ModelLoadError(f"{source}: cannot load the checkpoint ({type(err).__name__}: {err}); {cure}") from None
     absent = [
