@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from spectot.config import DraftOptions, ModelOptions
@@ -135,6 +138,23 @@ def test_a_trained_draft_folder_named_with_a_tilde_is_found(tmp_path, monkeypatc
     (tmp_path / "edd").mkdir()
     (tmp_path / "edd" / "draft.json").write_text("{}")
     assert draft_decoder_folder("~/edd", "smollm2-135m") == tmp_path / "edd"
+
+
+def test_a_builtin_name_that_is_also_a_folder_here_is_refused(tmp_path, monkeypatch) -> None:
+    """`train-draft --out edd` then `--draft edd` ran the shipped draft, and a fine-tuned ./smollm2-135m was
+    ignored for the alias, both in silence."""
+    from spectot.models.loader import ModelLoadError, resolve_checkpoint
+    from spectot.pipeline import draft_decoder_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "edd").mkdir()
+    (tmp_path / "edd" / "draft.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"names both the shipped edd draft and a draft folder here: pass ./edd"):
+        draft_decoder_folder("edd", "smollm2-135m")
+    assert draft_decoder_folder("./edd", "smollm2-135m") == Path("./edd")
+    (tmp_path / "smollm2-135m").mkdir()
+    with pytest.raises(ModelLoadError, match=r"names both a built-in model and a path here: pass ./smollm2-135m"):
+        resolve_checkpoint("smollm2-135m")
 
 
 def test_the_load_shortcut_takes_the_device_and_the_prefix_cache(tiny_checkpoint) -> None:

@@ -145,6 +145,11 @@ def draft_decoder_folder(draft: str, target: str) -> Path | None:
     """The folder of a draft decoder: 'edd'/'vdm' name the ones shipped for the target alias, a
     folder with draft.json one trained by `spectot train-draft`; None for other drafts."""
     if draft in ("edd", "vdm"):
+        if (Path(draft) / "draft.json").is_file():  # the shipped draft won in silence over the user's own
+            raise ValueError(
+                f"--draft {draft} names both the shipped {draft} draft and a draft folder here: pass ./{draft} for "
+                "the folder, or run from another folder for the shipped one"
+            )
         folder = Path(__file__).parent / "models" / "drafts" / f"{target}-{draft}"
         if not (folder / "draft.json").is_file():
             raise FileNotFoundError(

@@ -86,6 +86,11 @@ def resolve_checkpoint(name_or_path: str) -> Path | str:
     """An alias's checkpoint folder, a local folder, or a hub id ("org/name"); a name that can be neither (a
     path that does not exist, a bare word that is no alias) is an error at once, not minutes of hub retries."""
     alias = find_alias(name_or_path)
+    if alias is not None and Path(name_or_path).exists():  # the alias won in silence over the user's folder
+        raise ModelLoadError(
+            f"'{name_or_path}' names both a built-in model and a path here: pass ./{name_or_path} for the path, or "
+            "run from another folder for the built-in one"
+        )
     if alias is not None:
         return materialize_alias(alias)
     path = Path(name_or_path).expanduser()
