@@ -231,6 +231,31 @@ def test_weights_the_config_does_not_read_are_named(tiny_checkpoint, tmp_path, c
     assert "does not read" not in caplog.text
 
 
+def test_a_gguf_of_a_family_spectot_does_not_run_is_refused_before_it_is_dequantised(tmp_path, monkeypatch) -> None:
+    """The whole file was dequantised to fp32 safetensors (minutes, gigabytes) and only then refused."""
+    import transformers
+    from transformers import PretrainedConfig
+
+    from spectot.models.loader import ModelLoadError
+    from spectot.models.registry import cached_models, convert_gguf
+
+    gemma = PretrainedConfig()
+    gemma.model_type = "gemma"
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *args, **kwargs: gemma)
+
+    def dequantise(*args, **kwargs):
+        raise AssertionError("the weights were dequantised")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", dequantise)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match="model type 'gemma' is not supported"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "home" / "models" / "m")
+    killed = tmp_path / "home" / "models" / "m.partial-x1"  # a conversion killed mid-write
+    killed.mkdir(parents=True)
+    (killed / "config.json").write_text("{}")
+    assert cached_models(tmp_path / "home") == []
+
+
 def test_a_gguf_file_or_a_folder_of_one_is_converted_once(tmp_path, monkeypatch) -> None:
     """A GGUF passed by path was refused ('no config.json'); only the alias went through the conversion."""
     import spectot.models.loader as loader

@@ -47,7 +47,10 @@ def find_alias(name: str) -> Alias | None:
 
 def cached_models(home: Path | None = None) -> list[Path]:
     root = (home or spectot_home()) / "models"
-    return sorted(p for p in root.glob("*") if (p / "config.json").exists()) if root.exists() else []
+    if not root.exists():
+        return []
+    # a conversion killed mid-write leaves its own ``<name>.partial-*`` folder: no model
+    return sorted(p for p in root.glob("*") if (p / "config.json").exists() and ".partial-" not in p.name)
 
 
 def alias_path(alias: Alias, home: Path | None = None) -> Path:
@@ -97,10 +100,19 @@ def convert_gguf(gguf: Path, out: Path, cure: str = "is the file complete?") -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers import AutoConfig
+
+    from spectot.models.loader import check_architecture
+
+    try:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)  # the header: before minutes of work
+    except Exception as err:  # a truncated GGUF raises struct.error from deep in the reader
+        raise ValueError(f"{gguf}: cannot read the GGUF ({type(err).__name__}: {err}); {cure}") from None
+    check_architecture(config)  # a family spectot does not run is refused before it is dequantised
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as err:  # a truncated GGUF raises struct.error from deep in the reader
+    except Exception as err:
         raise ValueError(f"{gguf}: cannot read the GGUF ({type(err).__name__}: {err}); {cure}") from None
     # The GGUF weights were dequantised on load: save plain safetensors, not a "quantized" model.
     model.hf_quantizer = None
