@@ -88,6 +88,9 @@ def test_truncate_frees_only_unshared_slots() -> None:
     cache.truncate(b, 5)  # longer than the stream: nothing happens
     assert cache.slots(b).tolist() == [0, 1]
     assert cache.used == 4
+    with pytest.raises(ValueError, match="keeps >= 0 tokens, got -1"):  # it dropped a slot and kept length -1
+        cache.truncate(b, -1)
+    assert cache.slots(b).tolist() == [0, 1] and cache.length(b) == 2
 
 
 def test_truncating_a_streams_tail_slots_frees_them_unless_another_stream_holds_them() -> None:

@@ -88,6 +88,28 @@ def test_sliding_window_limits_the_context(tiny_model) -> None:
     assert check_architecture(Qwen2Config(use_sliding_window=False, sliding_window=24)) == 32768
 
 
+def test_longrope_is_refused() -> None:
+    """LongRoPE picks long or short frequencies by the longest position of the whole forward: a 3-token prompt's
+    greedy tokens changed when a 30-token stream was verified beside it (25 of 30 seeds, a review)."""
+    from conftest import build_tiny_model
+
+    from spectot.engine.runner import ModelRunner
+
+    longrope = {
+        "rope_type": "longrope",
+        "original_max_position_embeddings": 8,
+        "long_factor": [1, 4, 16, 64],
+        "short_factor": [1] * 4,
+        "factor": 8.0,
+    }
+    model = build_tiny_model("llama", 0, max_position_embeddings=64, rope_scaling=longrope)
+    with pytest.raises(ModelLoadError, match="LongRoPE picks its frequencies by the longest position"):
+        check_architecture(model.config)
+    with pytest.raises(ModelLoadError, match="LongRoPE picks"):
+        ModelRunner(model)  # a model passed in directly: the runner checks it too
+    assert check_architecture(build_tiny_model("llama", 0).config)  # default RoPE runs
+
+
 def test_unsupported_family_is_refused() -> None:
     with pytest.raises(ModelLoadError, match="model type 'gpt2' is not supported"):
         check_architecture(GPT2Config())

@@ -124,6 +124,8 @@ class FlatKVCache:
 
     def truncate(self, sid: int, length: int) -> None:
         """Drop a stream's tokens after ``length`` (a rollback); slots nobody holds are freed."""
+        if length < 0:  # cut(-1) dropped the last slot and left a length of -1
+            raise ValueError(f"a stream keeps >= 0 tokens, got {length}")
         stream = self.streams[sid]
         if length >= stream.length:
             return

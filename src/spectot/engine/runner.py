@@ -393,7 +393,7 @@ class ModelRunner:
         # cos/sin of positions 0.. once, then indexed: the same elementwise values the module computes
         # per call (~25 us a forward, 6-7 % of a one-layer draft's); not for RoPE that rescales with length
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._rope_cached = "dynamic" not in rope_type and rope_type != "longrope"
+        self._rope_cached = "dynamic" not in rope_type
         lm_head = model.get_output_embeddings()
         self.dtype = lm_head.weight.dtype
         self.device = lm_head.weight.device

@@ -53,6 +53,16 @@ def torch_dtype(dtype: DType) -> torch.dtype:
     return dtypes[dtype]
 
 
+def _rope_types(config: Any) -> set[str]:
+    """The RoPE types a config declares (transformers 5's ``rope_parameters``, flat or per layer type, or the older
+    ``rope_scaling``)."""
+    declared = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(declared, dict):
+        return set()
+    tables = [t for t in declared.values() if isinstance(t, dict)] or [declared]
+    return {str(t.get("rope_type", t.get("type", "default"))) for t in tables}
+
+
 def check_architecture(config: Any) -> int:
     """Raise ModelLoadError for architectures the engine cannot run exactly; return the max context."""
     family = getattr(config, "model_type", None)
@@ -66,6 +76,12 @@ def check_architecture(config: Any) -> int:
         raise ModelLoadError(
             f"layer types {sorted(layer_types)} include a linear-attention or recurrent cache that cannot be "
             "rolled back after a rejected draft; spectot refuses it rather than give wrong output"
+        )
+    if "longrope" in _rope_types(config):
+        raise ModelLoadError(
+            "LongRoPE picks its frequencies by the longest position of each forward: a stream's tokens would depend "
+            "on the streams verified beside it (and a tree forward on its deepest row); spectot refuses it rather "
+            "than give wrong output"
         )
     max_context = int(getattr(config, "max_position_embeddings", 2048))
     window = getattr(config, "sliding_window", None)
