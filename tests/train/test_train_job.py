@@ -227,6 +227,12 @@ def test_features_of_another_target_at_the_same_path_are_not_reused(tiny_model, 
     )
     model = ModelOptions(target=str(target), dtype="fp32", kernels="torch")
     run_train_draft(model, options)
+    [meta_path] = (tmp_path / "f").glob("*/meta.json")
+    meta = json.loads(meta_path.read_text())
+    del meta["target_weights"]  # a folder from before the digest: reused (an interrupted extraction resumes)
+    meta_path.write_text(json.dumps(meta))
+    run_train_draft(model, replace(options, out=str(tmp_path / "out1")))
+    run_train_draft(model, replace(options, out=str(tmp_path / "out3")))
     tiny_model("llama", 1).save_pretrained(target)  # other weights, same path
     with pytest.raises(ValueError, match="holds features of another setup"):
         run_train_draft(model, replace(options, out=str(tmp_path / "out2")))
@@ -268,3 +274,18 @@ def test_a_max_len_past_the_targets_context_is_refused(tiny_checkpoint, tmp_path
     with pytest.raises(ValueError, match=r"--max-len 100000: the target's context holds \d+ tokens"):
         run_train_draft(model, options)
     assert not (tmp_path / "out" / "features").exists()
+
+
+def test_the_weights_digest_reads_a_parameter_as_large_as_smollm2s_embedding() -> None:
+    """A float32 linspace rounded the last index of 49,152 x 576 values (28,311,551) up past the end: every
+    train-draft run on the default target failed with an IndexError."""
+    import torch
+
+    from spectot.train.job import weights_digest
+
+    embedding = torch.nn.Embedding(49152, 576)
+    torch.nn.init.zeros_(embedding.weight)
+    digest = weights_digest(embedding)
+    with torch.no_grad():
+        embedding.weight[-1, -1] = 1.0  # the last value is among those read
+    assert len(digest) == 16 and weights_digest(embedding) != digest

@@ -228,7 +228,9 @@ def weights_digest(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
         flat = param.detach().reshape(-1)
-        picks = torch.linspace(0, flat.numel() - 1, min(1024, flat.numel())).long()
+        k = min(1024, flat.numel())
+        picks = torch.arange(k) * (flat.numel() - 1) // max(k - 1, 1)  # integers: a float32 linspace rounded the
+        # last index of SmolLM2's 28,311,552-value embedding past its end
         digest.update(f"{name}:{tuple(param.shape)}".encode())
         digest.update(flat[picks].to(torch.bfloat16).float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
@@ -240,13 +242,22 @@ def _check_features_meta(features: Path, meta: dict, extracted_with: dict) -> No
     path = features / "meta.json"
     if path.exists():
         old = json.loads(path.read_text())
-        old.pop("extracted_with", None)
+        made_with = old.pop("extracted_with", extracted_with)
         old.setdefault("hidden_dtype", "bfloat16")  # folders from before the key stored bf16 hidden states
+        unverified = "target_weights" not in old  # folders from before the key: reused (an extraction resumes)
+        old.setdefault("target_weights", meta["target_weights"])
         if old != meta:
             raise ValueError(
                 f"{features} holds features of another setup ({old}); pass a fresh --features folder or delete it"
             )
+        if unverified:  # from now on they are this target's
+            logger.warning("%s: made before features recorded the target's weights; reused unverified", features)
+            _write_meta(path, {**meta, "extracted_with": made_with})
     else:
         features.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".partial").write_text(json.dumps({**meta, "extracted_with": extracted_with}, indent=1))
-        path.with_suffix(".partial").replace(path)  # a kill mid-write leaves no torn meta.json
+        _write_meta(path, {**meta, "extracted_with": extracted_with})
+
+
+def _write_meta(path: Path, meta: dict) -> None:
+    path.with_suffix(".partial").write_text(json.dumps(meta, indent=1))
+    path.with_suffix(".partial").replace(path)  # a kill mid-write leaves no torn meta.json
