@@ -220,18 +220,44 @@ def test_problems_in_flight_are_written_as_they_finish(tiny_checkpoint, tmp_path
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["2"]
 
 
-def test_a_resume_against_other_servers_of_an_unnamed_model_is_another_setup() -> None:
-    """The servers' URLs were left out of a run's setup: with no --served-model, a resume against another server
-    (another model) mixed two models' records in one file and one accuracy."""
-    from spectot.config import BackendOptions
-    from spectot.solve import run_setup
+def test_a_resume_against_servers_must_name_the_model(tmp_path) -> None:
+    """The servers' URLs are left out of a run's setup (more servers of one model resume it), so with no
+    --served-model a resume against another server (another model) mixed two models' records."""
+    from spectot.config import BackendOptions, TreeSearchOptions, check_solve
 
-    a, b = ("http://a:8000/v1",), ("http://b:9000/v1",)
-    unnamed = [run_setup(BackendOptions(backend="openai", base_url=url)) for url in (a, b)]
-    assert unnamed[0] != unnamed[1]
-    named = [run_setup(BackendOptions(backend="openai", base_url=url, served_model="m")) for url in (a, b)]
-    assert named[0] == named[1]  # the model is named: another address of it resumes
-    assert "base_url" not in run_setup(BackendOptions())["BackendOptions"]  # the local backend's runs resume as before
+    out = tmp_path / "r.jsonl"
+    search, options = SearchOptions(search="rebase"), SolveOptions(json=str(out), resume=True)
+    servers = ("http://a:8000/v1",)
+    with pytest.raises(ValueError, match="--resume against servers needs --served-model"):
+        check_solve(
+            search, DraftOptions(), options, TreeSearchOptions(), BackendOptions(backend="openai", base_url=servers)
+        )
+    named = BackendOptions(backend="openai", base_url=servers, served_model="m")
+    check_solve(search, DraftOptions(), options, TreeSearchOptions(), named)
+
+
+def test_an_interrupted_run_does_not_go_on_with_its_queued_problems(tiny_checkpoint, monkeypatch) -> None:
+    """A Ctrl-C (here: the report raising) left every queued problem to run before the pool let go."""
+    import spectot.solve as solve_module
+
+    real, started = solve_module.tot_bfs, []
+
+    def counting(*args, **kwargs):
+        started.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "tot_bfs", counting)
+
+    def interrupt(done: int, total: int, record: dict) -> None:
+        raise KeyboardInterrupt
+
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
+    options = SolveOptions(task="gsm8k", limit=8, engine="continuous-ar")
+    with pytest.raises(KeyboardInterrupt):
+        run_solve(
+            model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options, interrupt, in_flight=2
+        )
+    assert len(started) <= 3  # the two in flight, and perhaps one that started as the first finished
 
 
 def test_the_bfs_figures_are_left_out_of_an_mcts_summary() -> None:

@@ -1223,6 +1223,11 @@ def check_solve(
             ),
             "configure SPEX's speculation; without --explore spex the search",
         )
+    if backend.backend == "openai" and options.resume and not backend.served_model:
+        raise ValueError(
+            "--resume against servers needs --served-model: the records must say which model wrote them (servers "
+            "serve what they loaded, so another server or a reload would mix two models' records)"
+        )
     if backend.backend == "local":
         _refuse_unread(
             _set(backend, "base_url", "served_model", "timeout", "connect_timeout", "retries"),

@@ -62,14 +62,9 @@ def run_setup(*options: Any, **more: Any) -> dict:
     """What a run's records depend on, for ``--resume``: every option group's flags but those that only pick
     problems, outputs or speed (limit, offset, files written, threads, timeouts)."""
     skip = {"limit", "offset", "json", "resume", "trace", "generations", "threads", "timeout", "connect_timeout"}
-    skip |= {"retries", "base_url"}
-
-    def kept(o: Any) -> dict:
-        named = getattr(o, "served_model", None) != "" or getattr(o, "backend", "") != "openai"
-        # servers whose model is not named serve what they load: their URLs stand for the model
-        return {k: v for k, v in asdict(o).items() if k not in skip or (k == "base_url" and not named)}
-
-    return {**{type(o).__name__: kept(o) for o in options}, **more}
+    skip |= {"retries", "base_url"}  # servers: which ones serve the model (--resume against them names it)
+    setup = {type(o).__name__: {k: v for k, v in asdict(o).items() if k not in skip} for o in options}
+    return {**setup, **more}
 
 
 def resume_problems(
@@ -187,21 +182,26 @@ def run_solve(
             futures = {pool.submit(solve, problem): i for i, problem in enumerate(problems)}
             finished: dict[int, dict] = {}
             failure: BaseException | None = None
-            for future in as_completed(futures):
-                if future.cancelled():
-                    continue
-                error = future.exception()
-                if error is not None:
-                    if failure is None:  # the first: problems not started yet are not started
-                        failure = error
-                        for other in futures:
-                            other.cancel()
-                    continue
-                finished[futures[future]] = record = future.result()
-                if write is not None:
-                    write(record)
-                if report is not None:
-                    report(len(finished), len(problems), record)
+            try:
+                for future in as_completed(futures):
+                    if future.cancelled():
+                        continue
+                    error = future.exception()
+                    if error is not None:
+                        if failure is None:  # the first: problems not started yet are not started
+                            failure = error
+                            for other in futures:
+                                other.cancel()
+                        continue
+                    finished[futures[future]] = record = future.result()
+                    if write is not None:
+                        write(record)
+                    if report is not None:
+                        report(len(finished), len(problems), record)
+            except BaseException:  # Ctrl-C, a full disk: the pool would run every queued problem before it stops
+                for other in futures:
+                    other.cancel()
+                raise
             if failure is not None:
                 raise failure
             run.records = [finished[i] for i in range(len(problems))]  # in problem order
