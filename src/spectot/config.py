@@ -954,7 +954,15 @@ class ServeOptions:
             raise ValueError(f"--shutdown-grace must be >= 0 seconds, got {self.shutdown_grace}")
 
 
-SPEX_VARIANTS = ("plain", "spex", "spex+wake", "sd", "spex+sd", "spex+es", "spex+sd+es")  # bench spex's cells
+SPEX_VARIANTS = {  # bench spex's cells: variant -> (exploration, decoding method, early termination)
+    "plain": ("none", "ar", False),
+    "spex": ("spex", "ar", False),
+    "spex+wake": ("spex", "ar", False),  # with the budget wake-up (``--budget-wakeup``)
+    "sd": ("none", "sd", False),
+    "spex+sd": ("spex", "sd", False),
+    "spex+es": ("spex", "ar", True),
+    "spex+sd+es": ("spex", "sd", True),
+}
 
 
 @dataclass(frozen=True)
@@ -993,7 +1001,7 @@ class BenchSpexOptions:
             )
         parse_names(self.searches, "--searches", TREE_SEARCHES)
         parse_int_list(self.in_flight, "--in-flight")
-        parse_names(self.variants, "--variants", SPEX_VARIANTS)  # before the output folder is made
+        parse_names(self.variants, "--variants", tuple(SPEX_VARIANTS))  # before the output folder is made
         if not (self.gsm8k or self.math500):  # it measured throughput and wrote an empty table, exit 0
             raise ValueError("--gsm8k and --math500 are both empty: give at least one question file")
 
@@ -1157,11 +1165,7 @@ def check_solve(
         )
         if search.evaluation == "value":
             _refuse_unread(_set(search, "n_votes"), "counts --evaluation vote's votes; --evaluation value")
-        if search.generation == "propose" and options.task == "creative_writing":  # before the model loads
-            raise ValueError(
-                "--generation propose lists one-line steps; Creative Writing's plans and passages are paragraphs: "
-                "sample them (--generation sample)"
-            )
+        check_generation(options.task, search.generation)
         if search.evaluation == "vote" and search.n_votes > 1 and search.eval_temperature == 0:
             raise ValueError(
                 f"--evaluation vote --n-votes {search.n_votes} at --eval-temperature 0 casts {search.n_votes} "
@@ -1288,6 +1292,15 @@ def check_draft_kind(draft: DraftOptions) -> None:
         _refuse_unread(
             _set(draft, *DRAFT_DECODER_FLAGS),
             f"configure spectot's trained drafts (edd, vdm, a train-draft folder); --draft {draft.draft}",
+        )
+
+
+def check_generation(task: str, generation: str) -> None:
+    """``--generation propose`` where the task's steps are no one-line proposals, refused before the model loads."""
+    if generation == "propose" and task == "creative_writing":
+        raise ValueError(
+            "--generation propose lists one-line steps; Creative Writing's plans and passages are paragraphs: "
+            "sample them (--generation sample)"
         )
 
 

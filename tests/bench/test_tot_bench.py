@@ -113,3 +113,11 @@ def test_more_problems_regrouping_a_unit_run_it_again_whole(tiny_checkpoint, tmp
     fresh = run(4, tmp_path / "fresh")
     assert grown["new_tokens"] == fresh["new_tokens"] and grown["problems"] == 4
     assert run(2, tmp_path / "grown")["new_tokens"] == run(2, tmp_path / "fresh2")["new_tokens"]
+
+
+def test_propose_for_creative_writing_is_refused_before_the_model_loads(tmp_path) -> None:
+    """The task's refusal surfaced mid-benchmark, after the other tasks had run."""
+    opts = BenchTotOptions(tasks="gsm8k,creative_writing", gsm8k=str(GSM8K), problems=1, out=str(tmp_path))
+    model = ModelOptions(target="no-such-model-is-loaded")
+    with pytest.raises(ValueError, match="Creative Writing's plans and passages are paragraphs"):
+        run_bench_tot(model, DraftOptions(draft="none"), SearchOptions(generation="propose"), opts)

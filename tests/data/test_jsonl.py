@@ -67,6 +67,9 @@ def test_a_resume_with_nothing_to_resume_says_it_starts_afresh(tmp_path, caplog)
         assert results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)[0] == []
     assert "r.jsonl holds no records of an earlier run; every problem runs" in caplog.text
     caplog.clear()
+    with caplog.at_level("WARNING", logger="spectot.data.jsonl"):  # the run after the CLI's early check: said once
+        results_file(tmp_path / "r.jsonl", {"seed": 1}, resume=True)
+    assert caplog.text == ""
     with caplog.at_level("WARNING", logger="spectot.data.jsonl"):
         results_file(tmp_path / "s.jsonl", {"seed": 1}, resume=False)
     assert caplog.text == ""

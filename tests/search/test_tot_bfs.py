@@ -199,6 +199,8 @@ def test_votes_and_proposals_are_read_as_models_write_them() -> None:
         "* **Step:** a\nb\n* Step 2: b\n1. **Step 3:** c",
     ):
         assert task.parse_proposals(Problem("p", "", ""), (), text) == ["a", "b", "c"], text
+    text = "**Step 1: Compute the total**\n**Step 2**: b\nStep: *Note* that x"
+    assert task.parse_proposals(Problem("p", "", ""), (), text) == ["Compute the total", "b", "*Note* that x"]
 
 
 def test_the_last_proposals_are_asked_for_the_final_answer() -> None:

@@ -182,6 +182,16 @@ def test_value_prompt_marks_the_latest_step() -> None:
         (" I would rate this step 8.", 8.0),
         (" This step 9", 9.0),
         ("Step 2 is correct. 9", 9.0),
+        # review of the review: inline math that opens with a digit, a step named without a rating
+        ("$3 + 4 = 7$ is correct. Rating: 8", 8.0),
+        ("The cost is $5 \\times 3 = 15$. Score: 6", 6.0),
+        ("The step computes $2.5$ per apple correctly. 7", 7.0),
+        ("$2.5x$ is fine: 7", 7.0),
+        ("The total is $14. Rating 8", 8.0),
+        ("The $14 total is right, $5 each. 8", 8.0),
+        ("Step 3 is wrong.", 1.0),
+        ("Step 3 is correct because the", 1.0),
+        ("Step 10 is fine, 6", 6.0),
     ],
 )
 def test_parse_value(text: str, score: float) -> None:

@@ -64,7 +64,9 @@ def test_malformed_and_incomplete_lines_are_named(tmp_path: Path) -> None:
         ("The answer is $\\frac{14}{3}$. We can check that this answer is correct.", "\\frac{14}{3}"),
         ("The answer is \\(\\frac{14}{3}\\).", "\\frac{14}{3}"),
         ("The answer is \\[x = 5\\] as shown", "x = 5"),
-        ("I think the answer is correct.", "correct"),  # nothing math-like: the last statement still
+        ("I think the answer is correct.", "correct"),  # nothing but words: the last statement still
+        ("At first the answer is 3, but that is wrong. The answer is \\frac{1}{2}.", "\\frac{1}{2}"),
+        ("I guessed the answer is 4. Checking again, the answer is x = 5.", "x = 5"),
     ],
 )
 def test_extract_boxed(text: str, inside: str | None) -> None:

@@ -37,6 +37,7 @@ from spectot.config import (
     DraftOptions,
     ModelOptions,
     SearchOptions,
+    SPEX_VARIANTS,
     SolveOptions,
     ThoughtSampling,
     TreeSearchOptions,
@@ -44,15 +45,7 @@ from spectot.config import (
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = {  # variant: (exploration, decoding method, early termination)
-    "plain": ("none", "ar", False),
-    "spex": ("spex", "ar", False),
-    "spex+wake": ("spex", "ar", False),  # with the budget wake-up (``--budget-wakeup``)
-    "sd": ("none", "sd", False),
-    "spex+sd": ("spex", "sd", False),
-    "spex+es": ("spex", "ar", True),
-    "spex+sd+es": ("spex", "sd", True),
-}
+VARIANTS = SPEX_VARIANTS  # variant -> (exploration, decoding method, early termination)
 
 
 def run_bench_spex(

@@ -26,7 +26,14 @@ import torch
 
 from spectot.bench.progress import progress_bar
 from spectot.bench.records import append_record, load_records, machine_info, run_identity
-from spectot.config import BenchTotOptions, DraftOptions, ModelOptions, SearchOptions, SolveOptions
+from spectot.config import (
+    BenchTotOptions,
+    DraftOptions,
+    ModelOptions,
+    SearchOptions,
+    SolveOptions,
+    check_generation,
+)
 from spectot.search.policy import ComponentStats
 from spectot.spec.decoding import Decoder
 
@@ -43,6 +50,7 @@ def run_bench_tot(
     data = {task: getattr(opts, task) if task != "math500" else "" for task in tasks}  # "": the built-in examples
     for task in tasks:  # so is the data: a file short of --problems would end the run at its summary
         load_problems(task, data[task], opts.problems, complete=True)
+        check_generation(task, search.generation)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     if model_opts.threads:

@@ -157,7 +157,8 @@ def results_file(path: str | Path, setup: dict, resume: bool) -> tuple[list[dict
             records.append(record)
         drop_torn_line(out, torn)
     else:
-        if resume:  # resuming whatever is there is a script's way to rerun a job: say it starts afresh
+        if resume and not out.exists():  # resuming whatever is there is a script's way to rerun a job: say it
+            # starts afresh (once: a check before the model loads makes the file, empty)
             logger.warning("--resume: %s holds no records of an earlier run; every problem runs", path)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("")

@@ -98,9 +98,7 @@ def convert_gguf(gguf: Path, out: Path, cure: str = "is the file complete?") -> 
     import tempfile
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from spectot.models.loader import check_architecture
 

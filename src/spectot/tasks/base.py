@@ -51,8 +51,12 @@ PROPOSE_PROMPT = (
 )
 
 
-# "Step: a", "Step 2: a", "1. Step: a", "Step 3. a", and markdown's "**Step 1:** a", "- Step: a", "* **Step:** a"
-PROPOSAL_LABEL = re.compile(r"[\s*\-•]*(?:\d+[.)]\s*)?\**\s*step\s*\d*\s*[:.]\s*\**\s*(.*)", re.IGNORECASE)
+# "Step: a", "Step 2: a", "1. Step: a", "Step 3. a", and markdown's "**Step 1:** a", "**Step 2**: a", "- Step: a",
+# "* **Step:** a", "**Step 1: a**" (emphasis around the label or the whole line; "Step: *Note* a" keeps its own)
+PROPOSAL_LABEL = re.compile(
+    r"[\s*\-•]*(?:\d+[.)]\s*)?\**\s*step\s*\d*\s*\**\s*[:.]\s*(?:\*+(?=\s))?\s*(.*?)\s*(?:(?<=\S)\*\*)?\s*$",
+    re.IGNORECASE,
+)
 # "The best choice is 2", "... is Choice 2", "... is: **Choice 2**", '... is "Choice 1"' (markdown and quotes)
 VOTE_CONCLUSION = re.compile(r"best choice is\W{0,6}(?:choice\W{0,3})?(\d+)", re.IGNORECASE)
 

@@ -173,22 +173,28 @@ RATING_SCALE = re.compile(
 )
 
 
+# a closed $...$ span with no words in it is math ("$3 + 4 = 7$", "$5 \times 3$", "$2.5$"); one with words
+# ("$14 total is right, $") joins two amounts of money
+MATH_SPAN = re.compile(r"\$([^$\n]*)\$")
+WORD = re.compile(r"(?<![\\{a-zA-Z])[a-zA-Z]{3,}")
 # "$14", "$ 1,200.50": money (GSM8K's); "$3x" is math
-MONEY = re.compile(r"\$\s?\d[\d,]*(?:\.\d+)?(?![\w^{\\])")
-# a step's number: a label ("Step 2: 9") or one another number follows ("Step 2 is right, 9"); "this step 8" rates 8
-STEP_NUMBER = re.compile(r"\bstep\s*\d+(?:\s*[:)]|(?=\D*\d))", re.IGNORECASE)
+MONEY = re.compile(r"\$\s?\d[\d,]*+(?:\.\d+)?+(?![\w^{\\])")
+# a step's number ("Step 2: 9", "Step 3 is wrong"), unless it is the last thing said ("I rate this step 8.")
+STEP_NUMBER = re.compile(r"\bstep\s*\d++(?![\s.!,;]*$)", re.IGNORECASE)
 
 
 def parse_rating(text: str, low: float = 1.0, high: float = 10.0) -> float:
     """An evaluator's rating, clipped to [low, high]; ``low`` when it gives none: an explicit "N/10" or "N out
-    of 10", else the first number that is neither money ("The $14 total is right: 9" rates 9), a step's ("Step 2:
-    9" rates 9; "I rate this step 8" rates 8), inside $...$ math ("$3x + 1$" rates nothing) nor a scale's bound
-    ("On a scale of 1 to 10, 8" rates 8)."""
+    of 10", else the first number that is neither inside $...$ math ("$3 + 4 = 7$ is right: 8" rates 8; cut off,
+    "The value of $3x + " rates nothing), money ("The $14 total is right: 9" rates 9), a step's ("Step 2: 9" rates
+    9; "Step 3 is wrong." nothing; "I rate this step 8." 8) nor a scale's bound ("On a scale of 1 to 10, 8" rates
+    8)."""
     explicit = RATING_OUT_OF.search(text)
     if explicit is not None:
         return min(high, max(low, float(explicit.group(1))))
-    plain = MONEY.sub(" ", text)
-    plain = re.sub(r"\$[^$]*(?:\$|$)", " ", plain)  # math, closed or cut off
+    plain = MATH_SPAN.sub(lambda m: m.group(0) if WORD.search(m.group(1)) else " ", text)
+    plain = MONEY.sub(" ", plain)
+    plain = re.sub(r"\$[^$]*$", " ", plain)  # math cut off
     plain = STEP_NUMBER.sub(" ", plain)
     plain = RATING_SCALE.sub(" ", plain)
     match = re.search(r"(?<![\w.])-?\d+(?:\.\d+)?", plain)

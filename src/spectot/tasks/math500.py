@@ -105,9 +105,9 @@ def extract_boxed(text: str) -> str | None:
     if not found:
         return None
     tails = [text[m.end() :].split("\n", 1)[0].strip() for m in reversed(found)]
-    # the last statement that states something math-like ("The answer is $\frac{14}{3}$. We can check that this
-    # answer is correct." answers 14/3, not "correct"); else the last one
-    stated = next((tail for tail in tails if re.match(r"(?:\$|\\[(\[]|[-(\d])", tail)), tails[0])
+    # the last statement that does not open with a plain word ("The answer is $\frac{14}{3}$. We can check that
+    # this answer is correct." answers 14/3, not "correct"; "x = 5" and "\frac12" are answers); else the last one
+    stated = next((tail for tail in tails if not re.match(r"[A-Za-z]{2,}\b", tail)), tails[0])
     return _stated_answer(stated)
 
 
