@@ -100,6 +100,12 @@ def test_chunks_take_turns_and_a_running_cell_compares_on_the_chunks_it_has(tmp_
     rows = {r["variant"]: r for r in write_results(tmp_path, records, [], {}, opts)["rows"]}
     assert rows["spex"]["chunk_speedups"] == [2.0, 1.2] and rows["spex"]["speedup_vs_plain"] == 14.0 / 9.0
     assert "| 1.56 | 2.00 / 1.20 |" in (tmp_path / "results.md").read_text()  # each chunk's own, in turn
+    assert rows["spex"]["chunks_apart"] == 0 and "†" not in (tmp_path / "results.md").read_text()
+    # a variant's chunk measured in another run than plain's same chunk (added to a finished run): flagged
+    records[("gsm8k", "rebase", 1, "spex", 2)]["run"] = "later"
+    rows = {r["variant"]: r for r in write_results(tmp_path, records, [], {}, opts)["rows"]}
+    assert rows["spex"]["chunks_apart"] == 1
+    assert "| 1.56 †1 | 2.00 / 1.20 |" in (tmp_path / "results.md").read_text()
 
 
 def test_a_plain_bfs_row_gets_its_trees_replayed_on_the_throughput_curve(tmp_path) -> None:

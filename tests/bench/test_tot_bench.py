@@ -121,3 +121,21 @@ def test_propose_for_creative_writing_is_refused_before_the_model_loads(tmp_path
     model = ModelOptions(target="no-such-model-is-loaded")
     with pytest.raises(ValueError, match="Creative Writing's plans and passages are paragraphs"):
         run_bench_tot(model, DraftOptions(draft="none"), SearchOptions(generation="propose"), opts)
+
+
+def test_an_engine_measured_in_another_run_than_ar_is_flagged() -> None:
+    """An engine added to a finished run compared its time with ar's from another moment of the machine, unmarked."""
+    from spectot.bench.tot import markdown, summarise
+
+    def record(run: str) -> dict:
+        value = {"answer": "1", "best_state": ["a"], "grade": 1.0, "seconds": 2.0, "in_flight": 1, "components": {}}
+        return value | {"run": run}
+
+    ar = [record("A"), record("A")]
+    rows = [summarise("gsm8k", "ar", ar, ar), summarise("gsm8k", "sd", [record("A"), record("B")], ar)]
+    for row in rows:
+        row["speedup_vs_ar"] = 1.0
+    assert [r["problems_apart"] for r in rows] == [0, 1]
+    table = markdown(rows)
+    assert "| gsm8k | sd | 1 | 2 | 4.0 | 0.0 | 1.00 †1 |" in table and "† n of its problems" in table
+    assert "†" not in markdown(rows[:1])

@@ -22,6 +22,7 @@ import json
 import logging
 import statistics
 import time
+import uuid
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def run_bench_spex(
     from spectot.tree_solve import draft_priority, run_tree_solve
 
     sampling = sampling or ThoughtSampling()  # T = 1, no nucleus, greedy evaluations
+    run_id = uuid.uuid4().hex[:12]  # this invocation: chunks of two variants measured apart are flagged
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     if model.threads:
@@ -162,7 +164,7 @@ def run_bench_spex(
                 report=lambda *a: bar.advance(job),
             )
             value = {"seconds": run.seconds, "engine": run.engine, "queries": [_lean(r) for r in run.records]}
-            value |= {"k_total": k_total, "early_stop": options.early_stop, "data": data[task]}
+            value |= {"k_total": k_total, "early_stop": options.early_stop, "data": data[task], "run": run_id}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant, first), value, records)
             write_results(out, records, cells, config_key, opts)  # the table so far: an interrupted run has one
     remote = records.get(("remote",))
@@ -252,6 +254,12 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
             chunks = [records[(*cell, first)] for first in done]
             row["machine_ceiling"] = machine_ceiling(chunks, curve, queries, value["k_total"], config_key["lookahead"])
         row["speedup_vs_plain"] = row["accuracy_delta_vs_plain"] = row["same_answers_as_plain"] = None
+        # chunks this variant and plain measured in different invocations (a variant added to a finished run, a
+        # run resumed between them): their speedup compares two moments of the machine, not one run
+        row["chunks_apart"] = sum(
+            records[(task, search, queries, "plain", first)].get("run") != records[(*cell, first)].get("run")
+            for first in both
+        )
         # each chunk's own speedup: the chunks take turns, so the machine's drift shows as their spread
         row["chunk_speedups"] = [
             records[(task, search, queries, "plain", first)]["seconds"] / records[(*cell, first)]["seconds"]
@@ -388,13 +396,20 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
         same = r.get("same_answers_as_plain")
         lines.append(
             f"| {r['task']} | {r['search']} | {r['in_flight']} | {r['variant']} | {r['problems']} | "
-            f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])} | {_per_chunk(r)} | {fmt(r['accuracy'])} | "
+            f"{fmt(r['questions_per_minute'])} | {fmt(r['speedup_vs_plain'])}{_apart(r)} | {_per_chunk(r)} | "
+            f"{fmt(r['accuracy'])} | "
             f"{fmt(r['accuracy_delta_vs_plain'])} | {'-' if same is None else f'{same[0]}/{same[1]}'} | "
             f"{r['speculated']} | {fmt(r['hit_rate'])} | "
             f"{fmt(r['saving_rate'])} | {r['wasted_tokens']} | {_budget_use(r)} | {r['stopped_early']} | "
             f"{fmt(_ceiling(r))} | {fmt(r.get('machine_ceiling'))} |"
         )
     sampling = ThoughtSampling(**{k: v for k, v in (config or {}).items() if k in ThoughtSampling.__dataclass_fields__})
+    if any(r.get("chunks_apart") for r in rows):
+        lines += [
+            "",
+            "† n of its chunks and plain's were measured in different runs of the benchmark (a variant added to a "
+            "finished run, or a run resumed between them): those speedups compare two moments of the machine.",
+        ]
     lines += [
         "",
         f"Thoughts sampled at temperature {sampling.thought_temperature:g}, top-p {sampling.thought_top_p:g}; "
@@ -432,6 +447,11 @@ def markdown(rows: list[dict], curve: dict, remote: dict | None, config: dict | 
             f"equal the in-process run's."
         )
     return "\n".join(lines) + "\n"
+
+
+def _apart(row: dict) -> str:
+    """'†n' after a speedup when n of its chunks were measured in another run than plain's same chunk."""
+    return f" †{row['chunks_apart']}" if row.get("chunks_apart") and row["variant"] != "plain" else ""
 
 
 def _per_chunk(row: dict) -> str:

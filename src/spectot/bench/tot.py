@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def run_bench_tot(
     from spectot.tasks.registry import load_problems
 
     tasks = [t.strip() for t in opts.tasks.split(",") if t.strip()]
+    run_id = uuid.uuid4().hex[:12]  # this invocation: problems an engine and ar measured apart are flagged
     engines = opts.engine_names(draft_opts.draft)  # checked before the model loads, not halfway through the run
     data = {task: getattr(opts, task) if task != "math500" else "" for task in tasks}  # "": the built-in examples
     for task in tasks:  # so is the data: a file short of --problems would end the run at its summary
@@ -137,6 +139,7 @@ def run_bench_tot(
                     "seconds": run.seconds / len(unit),
                     "in_flight": width,
                     "unit": span,
+                    "run": run_id,
                     # the unit's counters, once: summarise adds them up over the records
                     "components": {name: asdict(c) for name, c in run.stats.items()} if n == i else {},
                 }
@@ -190,6 +193,9 @@ def summarise(task: str, engine: str, values: list[dict], ar: list[dict] | None)
         "same_answers_as_ar": None if ar is None else sum(v["answer"] == a["answer"] for v, a in zip(values, ar)),
         # the chosen path of thoughts: under greedy decoding every engine's equals ar's (the lossless check)
         "same_paths_as_ar": None if ar is None else sum(v["best_state"] == a["best_state"] for v, a in zip(values, ar)),
+        # problems measured in another run than ar's same problem (an engine added to a finished run, a resume
+        # between them): the speedup compares two moments of the machine
+        "problems_apart": 0 if ar is None else sum(v.get("run") != a.get("run") for v, a in zip(values, ar)),
     }
     for name, c in comps.items():
         row[f"{name}_tokens_per_step"] = c.tokens_per_step
@@ -210,14 +216,26 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         f"| {r['task']} | {r['engine']} | {r['in_flight']} | {r['problems']} | {fmt(r['seconds'], 1)} | "
         f"{fmt(r['tokens_per_second'], 1)} | "
-        f"{fmt(r.get('speedup_vs_ar'))} | {fmt(r.get('speedup_vs_batched-ar'))} | {fmt(r.get('TG_tokens_per_step'))} | "
+        f"{fmt(r.get('speedup_vs_ar'))}{_apart(r)} | {fmt(r.get('speedup_vs_batched-ar'))} | "
+        f"{fmt(r.get('TG_tokens_per_step'))} | "
         f"{fmt(r.get('SE_tokens_per_step'))} | {fmt(r.get('TG_acceptance'))} | {fmt(r.get('SE_acceptance'))} | "
         f"{fmt(r.get('TG_seconds'), 1)} | {fmt(r.get('SE_seconds'), 1)} | {fmt(r['accuracy'])} | "
         f"{'-' if r['same_answers_as_ar'] is None else r['same_answers_as_ar']}/{r['problems']} | "
         f"{'-' if r['same_paths_as_ar'] is None else r['same_paths_as_ar']}/{r['problems']} |"
         for r in rows
     ]
-    return head + "\n".join(lines) + "\n"
+    note = (
+        "\n† n of its problems were measured in another run of the benchmark than ar's (an engine added to a finished "
+        "run, or a run resumed between them): that speedup compares two moments of the machine.\n"
+        if any(r.get("problems_apart") and r["engine"] != "ar" for r in rows)
+        else ""
+    )
+    return head + "\n".join(lines) + "\n" + note
+
+
+def _apart(row: dict) -> str:
+    """'†n' after a speedup when n of its problems were measured in another run than ar's same problem."""
+    return f" †{row['problems_apart']}" if row.get("problems_apart") and row["engine"] != "ar" else ""
 
 
 def _decoder_of(engine: object) -> Decoder | None:
