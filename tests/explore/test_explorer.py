@@ -176,6 +176,25 @@ def test_bfs_tree_is_the_same_with_and_without_speculation(algorithm, latency_se
     assert budget.primary == 0  # every primary expansion was counted out
 
 
+def test_a_levels_finished_children_are_predicted_in_the_searchs_order(monkeypatch) -> None:
+    """They were passed in finishing order: REBASE gives the earlier of tied siblings the extra child, so with
+    tied rewards even the last prediction of a level (every sibling finished) named the wrong child."""
+    seen: list[list[int]] = []
+    real = Explorer._speculate_children
+
+    def recording(self, finished, *args, **kwargs):
+        seen.append([c.key.index for c in finished if c.key.parent == ()])
+        return real(self, finished, *args, **kwargs)
+
+    monkeypatch.setattr(Explorer, "_speculate_children", recording)
+    config = TreeSearchConfig("rebase", budget=6)
+    for seed in range(4):
+        run(reward_balanced_search, lambda e: Explorer(e, SharedBudget(k_total=4), lookahead=1), config, seed=seed)
+    first_level = [indices for indices in seen if indices]
+    assert first_level and all(indices == sorted(indices) for indices in first_level)
+    assert any(len(indices) > 1 for indices in first_level)
+
+
 def test_speculation_gets_only_what_primary_work_leaves() -> None:
     budget = SharedBudget(k_total=4)
     assert budget.grant(0, wanted=9, kv_reuse=1.0) == 4

@@ -231,9 +231,12 @@ class Explorer:
         if not self.speculating or rule is None:
             return list(await asyncio.gather(*tasks))
         finished: list[Child] = []
+        place = {key: i for i, key in enumerate(keys)}
         for next_done in asyncio.as_completed(tasks):
             child = await next_done
-            finished.append(child)
+            # in the search's key order, not finishing order: the width rule breaks reward ties by position
+            # (REBASE gives the earlier of tied siblings the extra child), so the last prediction is exact
+            finished = sorted([*finished, child], key=lambda c: place[c.key])
             self._speculate_children(finished, len(tasks) - len(finished), rule, budget, self.lookahead)
         return [t.result() for t in tasks]
 
