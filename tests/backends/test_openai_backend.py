@@ -569,3 +569,15 @@ def test_retry_after_is_read_on_429_and_503_only() -> None:
     assert retry_after_seconds(status_error(503, {"retry-after": "nan"})) is None
     assert retry_after_seconds(status_error(503, {})) is None
     assert retry_after_seconds(status_error(500, {"retry-after": "2"})) is None
+
+
+def test_a_forwarded_priority_is_the_live_one() -> None:
+    """A retry of a speculative request the search had taken over went out at its old priority."""
+    from spectot.backends.base import LivePriority
+
+    backend = OpenAIBackend.from_urls(["http://localhost:1"])
+    backend.forward_priority = True
+    live = LivePriority(2)
+    request = CompletionRequest("a", 4, priority=2, live_priority=live)
+    live.set(0)
+    assert backend._arguments(request, "m", stream=False)["extra_body"]["priority"] == 0

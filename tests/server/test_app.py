@@ -260,6 +260,34 @@ def test_a_conversation_is_rendered_with_the_chat_template(client, fake) -> None
     assert request.max_tokens == 2
 
 
+def test_a_conversation_is_fed_as_the_templates_own_ids() -> None:
+    """A conversation's rendered text was tokenised anew, which added the BOS a tokenizer adds to plain text where
+    the template writes none (Zephyr-style templates): the model got another prompt than vLLM feeds it."""
+
+    class Tokenising(FakeBackend):
+        def prompt_ids(self, prompt: str, chat: bool) -> list[int]:  # plain text: a BOS, then a word per id
+            return [1] + [10 + len(w) for w in prompt.split()]
+
+        def render_ids(self, messages) -> list[int]:  # the template's own ids: no BOS
+            return [10 + len(w) for w in self.render_chat(messages).split()]
+
+    fake = Tokenising()
+    client = TestClient(create_app(fake))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    body = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2}).json()
+    (request,) = fake.requests
+    assert request.prompt_ids == tuple(fake.render_ids(messages)) and request.prompt_ids[0] != 1
+    assert body["usage"]["prompt_tokens"] == len(request.prompt_ids)
+
+
+def test_a_developer_message_is_a_system_message_to_the_template(client, fake) -> None:
+    """'developer' (OpenAI's newer name for 'system') reached the template as is: templates that render only the
+    roles they know dropped the instructions."""
+    messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert fake.requests[0].prompt == "[system] be brief [user] hi [assistant]"
+
+
 def test_backend_without_a_chat_template_takes_one_user_message() -> None:
     client = TestClient(create_app(TemplatelessBackend()))
     one = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -10,6 +10,7 @@ engine for good: ``failure()`` says so from then on.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
@@ -206,7 +207,7 @@ class LocalEngineBackend:
         return DecodeConfig(request.max_tokens, sampling, self.method, self.num_draft_tokens, request.stop)
 
     def _seed(self, request: CompletionRequest) -> int:
-        return request.seed if request.seed is not None else time.monotonic_ns() % 2**62
+        return request.seed if request.seed is not None else random.getrandbits(62)  # a coarse clock repeated seeds
 
     def _completion(self, request: CompletionRequest, result: StreamResult, seconds: float) -> Completion:
         return Completion(

@@ -401,7 +401,8 @@ class OpenAIBackend:
         if request.top_k:
             extra["top_k"] = request.top_k
         if self.forward_priority:
-            extra["priority"] = request.priority
+            # the live value: a retry after the search took a speculative request over goes at its new priority
+            extra["priority"] = request.priority if request.live_priority is None else request.live_priority.value
         if extra:
             kwargs["extra_body"] = extra
         return kwargs

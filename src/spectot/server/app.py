@@ -516,9 +516,12 @@ def plan_completion(backend: AsyncBackend, body: CompletionBody, max_choices: in
 
 def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
     """A lone user message goes to the backend with ``chat=True`` (it applies its chat template to token ids,
-    exactly as ``Pipeline.encode`` does); any other conversation is rendered to text with ``render_chat``.
+    exactly as ``Pipeline.encode`` does); any other conversation is rendered to text with ``render_chat``, and fed
+    as the template's own ids where the backend offers ``render_ids``.
     Blocking (it renders and tokenises): run it off the event loop."""
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    # "developer" is OpenAI's newer name for "system"; templates know only the older one (some drop roles they do not
+    # know, and the instructions with them)
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     render: Callable[[list[dict]], str] | None = getattr(backend, "render_chat", None)
     rendered: str | None = None
     if render is not None:
@@ -538,7 +541,12 @@ def plan_chat(backend: AsyncBackend, body: ChatBody) -> Plan:
             "messages",
         )
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    prompt = tokenise(backend, text, chat, rendered)
+    render_ids: Callable[[list[dict]], list[int]] | None = getattr(backend, "render_ids", None)
+    if not chat and render_ids is not None:  # the template's own ids: the rendered text tokenised anew got the BOS
+        fed = tuple(render_ids(messages))  # a tokenizer adds where the template writes none (vLLM feeds these)
+        prompt = Prompt(text, False, len(fed), fed)
+    else:
+        prompt = tokenise(backend, text, chat, rendered)
     return plan(
         [prompt], [token_budget(backend, prompt, max_tokens, "messages", "the conversation")], body, body.logprobs
     )
