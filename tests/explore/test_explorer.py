@@ -195,6 +195,58 @@ def test_a_levels_finished_children_are_predicted_in_the_searchs_order(monkeypat
     assert any(len(indices) > 1 for indices in first_level)
 
 
+def test_a_promoted_fold_rollout_is_not_counted_twice_against_the_budget(monkeypatch) -> None:
+    """A speculative fold rollout chosen as the next simulation kept its held units while its later steps also
+    counted as primary work: the budget counted more expansions than ran (seeds 5 and 11 here), and speculation
+    elsewhere got less. Measured as the time integral of (units counted - expansions running), over when positive."""
+    live, state = [0], {"budget": None, "last": None, "over": 0.0}
+
+    def sample() -> None:
+        budget = state["budget"]
+        if budget is None:
+            return
+        now = asyncio.get_event_loop().time()
+        counted = budget.primary + sum(budget.in_flight.values()) - live[0]
+        if state["last"] is not None:
+            then, before = state["last"]
+            state["over"] += max(before, 0) * (now - then)
+        state["last"] = (now, counted)
+
+    expand = Expander.expand
+
+    async def counted_expand(self, key, priority=PRIMARY):
+        live[0] += 1
+        sample()
+        try:
+            return await expand(self, key, priority)
+        finally:
+            live[0] -= 1
+            sample()
+
+    monkeypatch.setattr(Expander, "expand", counted_expand)
+    for name in ("started", "finished", "primary_finished"):
+        method = getattr(SharedBudget, name)
+
+        def sampled(self, *args, method=method, **kwargs):
+            result = method(self, *args, **kwargs)
+            sample()
+            return result
+
+        monkeypatch.setattr(SharedBudget, name, sampled)
+    count_primary = Explorer._count_primary
+    monkeypatch.setattr(Explorer, "_count_primary", lambda self, task: (count_primary(self, task), sample())[0])
+    config = TreeSearchConfig("rstar", budget=12, max_children=3, dfs_speculation="fold")
+    for seed in (5, 11):
+        state.update(last=None, over=0.0)
+
+        def source(e):
+            state["budget"] = SharedBudget(k_total=3)
+            return Explorer(e, state["budget"])
+
+        run(mcts_search, source, config, seed=seed, run_seed=seed)
+        assert state["over"] < 1e-9, (seed, state["over"])
+
+
 def test_speculation_gets_only_what_primary_work_leaves() -> None:
     budget = SharedBudget(k_total=4)
     assert budget.grant(0, wanted=9, kv_reuse=1.0) == 4

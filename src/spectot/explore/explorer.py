@@ -172,6 +172,7 @@ class Explorer:
         self.retract = retract
         self.counters = SpecCounters()
         self._jobs: dict[ChildKey, _Job] = {}
+        self._holding: dict[asyncio.Task, Callable[[], None]] = {}  # speculative work's budget, given back once
         self._closed = False  # the search is done: a speculative expansion finishing late starts nothing more
         self._asks: dict[int, Callable[[], None]] = {}  # BFS: per depth, the speculation the budget refused
         self._keep: Callable[[ChildKey], bool] = lambda key: True  # the search's latest ``retain``
@@ -264,11 +265,15 @@ class Explorer:
             self._hold(task, units)
         return task
 
-    def promote(self) -> None:
-        """The search used a speculative rollout (a DFS hit): chose it as its next one, or folded it in."""
+    def promote(self, work: asyncio.Task | None = None) -> None:
+        """The search used a speculative rollout (a DFS hit): chose it as its next one (``work``, still running:
+        its held units go back, for its later steps count as primary work), or folded it in."""
         self.counters.hits += 1
         if self.budget is not None:
             self.budget.hit(self.query)
+        release = self._holding.pop(work, None) if work is not None else None
+        if release is not None:
+            release()
 
     def used(self, expansions: Sequence[Child]) -> None:
         """The search consumed ``expansions`` that ran speculatively (a DFS rollout's speculative steps)."""
@@ -428,16 +433,18 @@ class Explorer:
             self.budget.tried(self.query)
 
     def _hold(self, task: asyncio.Task, units: int = 1) -> None:
-        """Speculative work holds ``units`` of the query's budget until it ends, and counts toward its budget use."""
+        """Speculative work holds ``units`` of the query's budget until it ends (or is promoted: ``promote``), and
+        counts toward its budget use."""
         self.budget.started(self.query, units)
         self.counters.budget_peak = max(self.counters.budget_peak, self.budget.in_flight[self.query])
         began = time.perf_counter()
 
-        def done(_: asyncio.Task) -> None:
+        def release() -> None:
             self.budget.finished(self.query, units)
             self.counters.speculative_seconds += units * (time.perf_counter() - began)  # in units, as budget_peak
 
-        task.add_done_callback(done)
+        self._holding[task] = release
+        task.add_done_callback(lambda t: (self._holding.pop(t, None) or (lambda: None))())
 
 
 def expected_widths(rule: WidthRule, finished: Sequence[Child], pending: int, budget: int) -> list[int]:

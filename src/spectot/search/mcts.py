@@ -342,7 +342,7 @@ async def _folding_search(
                     primary = waiting[0]
                     primary.speculative, primary.priority = False, PRIMARY
                     primary.live.set(PRIMARY)  # its running step too, not only the next ones
-                    source.promote()
+                    source.promote(next(t for t, r in running.items() if r is primary))  # its budget goes back
                 elif tree.free(path[-1]):
                     primary = launch(path, speculative=False)
                 else:  # a dead end (terminal, or unanswered at the depth limit): its value is backed up again

@@ -104,7 +104,7 @@ class ChildSource(Protocol):
 
     def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task: ...
 
-    def promote(self) -> None: ...
+    def promote(self, work: asyncio.Task | None = None) -> None: ...
 
     def used(self, expansions: Sequence[Child]) -> None: ...
 
@@ -144,7 +144,7 @@ class PlainSource:
     def reserve(self, work: Coroutine[Any, Any, Any], units: int) -> asyncio.Task:
         return asyncio.create_task(work)
 
-    def promote(self) -> None:
+    def promote(self, work: asyncio.Task | None = None) -> None:
         pass
 
     def used(self, expansions: Sequence[Child]) -> None:
