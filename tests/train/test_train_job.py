@@ -18,6 +18,19 @@ def corpus(path, seed: int, lines: int) -> str:
     return str(path)
 
 
+def small_job(tmp_path, corpus_file: str) -> TrainDraftOptions:
+    """A one-layer draft trained one epoch on ``corpus_file`` into tmp_path/out, its features in tmp_path/f."""
+    return TrainDraftOptions(
+        corpus=(corpus_file,),
+        out=str(tmp_path / "out"),
+        features=str(tmp_path / "f"),
+        head_vocab=16,
+        layers=1,
+        hidden_layer=-2,
+        epochs=1,
+    )
+
+
 def test_features_are_extracted_once_per_corpus_file(tiny_checkpoint, tmp_path) -> None:
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
     a, b = corpus(tmp_path / "a.jsonl", 0, 6), corpus(tmp_path / "b.jsonl", 7, 4)
@@ -193,15 +206,7 @@ def test_features_of_another_chat_template_are_not_reused(tiny_checkpoint, tmp_p
     """Question lines tokenize with or without the chat template: features made one way were reused the other."""
     a = tmp_path / "q.jsonl"
     a.write_text("".join(json.dumps({"question": f"w{i} w{i + 1}", "answer": f"w{i + 2} w9"}) + "\n" for i in range(4)))
-    options = TrainDraftOptions(
-        corpus=(str(a),),
-        out=str(tmp_path / "out"),
-        features=str(tmp_path / "f"),
-        head_vocab=16,
-        layers=1,
-        hidden_layer=-2,
-        epochs=1,
-    )
+    options = small_job(tmp_path, str(a))
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
     run_train_draft(model, options)
     with pytest.raises(ValueError, match="holds features of another setup"):
@@ -216,15 +221,7 @@ def test_features_of_another_target_at_the_same_path_are_not_reused(tiny_model, 
     target = tmp_path / "target"
     tiny_model("llama", 0).save_pretrained(target)
     build_tiny_tokenizer().save_pretrained(target)
-    options = TrainDraftOptions(
-        corpus=(corpus(tmp_path / "a.jsonl", 0, 4),),
-        out=str(tmp_path / "out"),
-        features=str(tmp_path / "f"),
-        head_vocab=16,
-        layers=1,
-        hidden_layer=-2,
-        epochs=1,
-    )
+    options = small_job(tmp_path, corpus(tmp_path / "a.jsonl", 0, 4))
     model = ModelOptions(target=str(target), dtype="fp32", kernels="torch")
     run_train_draft(model, options)
     [meta_path] = (tmp_path / "f").glob("*/meta.json")
@@ -242,15 +239,7 @@ def test_features_record_how_they_store_hidden_states(tiny_checkpoint, tmp_path)
     """Features from before the storage key held bf16 hidden states whatever the target's dtype: an fp32 target
     reused them as its own. Such a folder now counts as bf16 (refused for fp32, kept for bf16)."""
     a = corpus(tmp_path / "a.jsonl", 0, 4)
-    options = TrainDraftOptions(
-        corpus=(a,),
-        out=str(tmp_path / "out"),
-        features=str(tmp_path / "f"),
-        head_vocab=16,
-        layers=1,
-        epochs=1,
-        hidden_layer=-2,
-    )
+    options = small_job(tmp_path, a)
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
     run_train_draft(model, options)
     [meta_path] = (tmp_path / "f").glob("*/meta.json")

@@ -46,8 +46,6 @@ from spectot.config import (
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = SPEX_VARIANTS  # variant -> (exploration, decoding method, early termination)
-
 
 def run_bench_spex(
     model: ModelOptions,
@@ -70,11 +68,8 @@ def run_bench_spex(
         torch.set_num_threads(model.threads)
     searches = _split(opts.searches)
     in_flight = [int(x) for x in _split(opts.in_flight)]
-    variants = _split(opts.variants)
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        raise ValueError(f"unknown variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
-    needs_draft = any(VARIANTS[v][1] == "sd" for v in variants)
+    variants = _split(opts.variants)  # known names, one at least: BenchSpexOptions checked them
+    needs_draft = any(SPEX_VARIANTS[v][1] == "sd" for v in variants)
     if needs_draft and draft.draft == "none":
         raise ValueError("the sd variants need a draft: pass --draft ngram (or a trained draft)")
     if tree.early_stop:
@@ -110,8 +105,6 @@ def run_bench_spex(
     # machine's drift over the minutes a group takes hits every variant alike
     # ... and in a rotating order (chunk j starts with variant j), so no variant always runs first (plain did:
     # a disturbance at a chunk's start fell on it alone)
-    if not variants:
-        raise ValueError("--variants names no variant: give one or more of " + ", ".join(VARIANTS))
     todo = [
         (task, search, queries, variant, first)
         for task, _ in tasks
@@ -131,7 +124,7 @@ def run_bench_spex(
     with progress_bar() as bar:
         job = bar.add_task("bench spex", total=sum(_chunk_size(opts, c[2], c[4]) for c in todo))
         for task, search, queries, variant, first in todo:
-            explore, method, early_stop = VARIANTS[variant]
+            explore, method, early_stop = SPEX_VARIANTS[variant]
             # each chunk starts cold, the draft too (spex+sd found sd's KV of the same questions): the same
             # prefill work for every variant
             pipe.decoder.clear_prefix_caches()
@@ -233,7 +226,7 @@ def write_results(out: Path, records: dict, cells: list[tuple], config_key: dict
     """results.json / results.md from the records of the finished chunks: the cells asked for and those of
     earlier runs of the same configuration, by task, search, in flight, variant. A cell still running shows
     the chunks it has; its speedup compares it with plain on the chunks both have."""
-    order = list(VARIANTS)
+    order = list(SPEX_VARIANTS)
     curve, remote = records.get(("concurrency",)), records.get(("remote",))
     chunked = {key[:4] for key in records if len(key) == 5}
     cells = sorted({*cells, *chunked}, key=lambda c: (*c[:3], order.index(c[3])))
@@ -292,7 +285,7 @@ def plot(rows: list[dict], path: Path) -> None:
     """Speedup over plain at each number of queries in flight, one panel per task and search, one bar per
     variant (plain's own bar is the line at 1)."""
     panels = sorted({(r["task"], r["search"]) for r in rows})
-    variants = [v for v in VARIANTS if v != "plain" and any(r["variant"] == v for r in rows)]
+    variants = [v for v in SPEX_VARIANTS if v != "plain" and any(r["variant"] == v for r in rows)]
     if not panels or not variants:
         return
     try:

@@ -79,10 +79,13 @@ def run_bench_tot(
         for i in range(first, min(first + opts.turn, opts.problems))
     ]
 
+    def width_of(engine: str) -> int:  # a continuous engine searches `in_flight` problems at once
+        return opts.in_flight if engine.startswith("continuous") else 1
+
     def unit_of(engine: str, i: int) -> list[int]:
         """[first problem, problems] of i's timed unit: `in_flight` problems of a turn for a continuous engine
         (turns are whole units; the last of a run may be short), else i alone."""
-        width = opts.in_flight if engine.startswith("continuous") else 1
+        width = width_of(engine)
         first = i - (i % opts.turn) % width
         return [first, min(first + width, first - first % opts.turn + opts.turn, opts.problems) - first]
 
@@ -106,8 +109,7 @@ def run_bench_tot(
         job = bar.add_task("bench tot", total=len(todo))
         while todo:
             task, engine, i = todo[0]
-            # a continuous engine searches `in_flight` problems at once: one timed unit, its wall time shared
-            width = opts.in_flight if engine.startswith("continuous") else 1
+            width = width_of(engine)  # problems searched at once: one timed unit, its wall time shared
             span = unit_of(engine, i)  # todo holds whole units, each in order: i is its unit's first
             unit, todo = todo[: span[1]], todo[span[1] :]
             solve = SolveOptions(

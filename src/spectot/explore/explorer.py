@@ -271,7 +271,7 @@ class Explorer:
         self.counters.hits += 1
         if self.budget is not None:
             self.budget.hit(self.query)
-        release = self._holding.pop(work, None) if work is not None else None
+        release = self._holding.pop(work, None)
         if release is not None:
             release()
 
@@ -443,8 +443,12 @@ class Explorer:
             self.budget.finished(self.query, units)
             self.counters.speculative_seconds += units * (time.perf_counter() - began)  # in units, as budget_peak
 
+        def done(_: asyncio.Task) -> None:  # unless promoted first (then released already)
+            if self._holding.pop(task, None) is not None:
+                release()
+
         self._holding[task] = release
-        task.add_done_callback(lambda t: (self._holding.pop(t, None) or (lambda: None))())
+        task.add_done_callback(done)
 
 
 def expected_widths(rule: WidthRule, finished: Sequence[Child], pending: int, budget: int) -> list[int]:

@@ -54,12 +54,10 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     init_folder, init_config = _starting_folder(options.init, model.target, options.kind, target.model)
     # --init keeps the draft's hidden layer: its features must come from the layer it reads at inference
     init_layer = init_config.hidden_layer if init_config else None
-    token_inputs = options.next_token or options.current_token
-    if (
-        options.token_lr
-        and not token_inputs
-        and not (init_config and (init_config.next_token or init_config.current_token))
-    ):
+    inputs = [options.next_token, options.current_token] + (
+        [init_config.next_token, init_config.current_token] if init_config else []
+    )
+    if options.token_lr and not any(inputs):  # without --init TrainDraftOptions refused it before the target loaded
         raise ValueError(
             f"--token-lr is the learning rate of the token inputs; --init {options.init} has none: pass --next-token "
             "or --current-token"
