@@ -102,6 +102,28 @@ def build_tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
 
 
+def build_metaspace_tokenizer():
+    """The tiny tokenizer's ids as a SentencePiece (Metaspace) tokenizer spells them, as Llama-2's and Mistral's
+    do: "w5 w6" -> [9, 10] (pieces "▁w5", "▁w6"), and the text's first piece decodes without its space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = TINY_WORDS[:4] + ["\u2581" + w for w in TINY_WORDS[4:]]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(pieces)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(prepend_scheme="first")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="<eot>")
+
+
+@pytest.fixture(scope="session")
+def metaspace_checkpoint(tmp_path_factory, tiny_model) -> Path:
+    """The tiny Llama with the Metaspace tokenizer (``build_metaspace_tokenizer``)."""
+    path = tmp_path_factory.mktemp("tiny-llama-metaspace")
+    tiny_model("llama", 0).save_pretrained(path)
+    build_metaspace_tokenizer().save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, tiny_model) -> Path:
     """A saved tiny Llama with its word-level tokenizer, loadable by path like any checkpoint."""

@@ -161,3 +161,29 @@ def test_the_load_shortcut_takes_the_device_and_the_prefix_cache(tiny_checkpoint
     """Pipeline.load took neither: on a GPU machine it always ran on CUDA, with the default prefix cache."""
     pipe = Pipeline.load(str(tiny_checkpoint), dtype="fp32", kernels="torch", device="cpu", prefix_cache=0)
     assert pipe.target.model.device.type == "cpu" and pipe.decoder.prefix_cache.max_tokens == 0
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_a_sentencepiece_completion_keeps_its_leading_space(metaspace_checkpoint, method) -> None:
+    """With a SentencePiece (Metaspace) tokenizer, as Llama-2's and Mistral's, a completion decoded alone lost its
+    leading space: the prompt and its completion joined read "w5 w6w39 w14" (an unknown word for the next
+    search level). Read after the prompt, they join to the text of the ids generated, in ``Pipeline.generate``
+    and in the search's backend alike, and a stop string opening with a space ends the text at its first token."""
+    from spectot.search.policy import GenerationCall, LocalBackend
+    from spectot.tasks.base import StepRequest
+
+    pipe = Pipeline.from_options(
+        ModelOptions(target=str(metaspace_checkpoint), dtype="fp32", kernels="torch"), DraftOptions(draft="ngram")
+    )
+    tokenizer = pipe.target.tokenizer
+    [g] = pipe.generate(["w5 w6"], max_new_tokens=6, method=method)
+    assert 3 not in g.token_ids  # no EOS: all words
+    assert g.text.startswith(" ") and tokenizer("w5 w6" + g.text)["input_ids"] == g.prompt_ids + g.token_ids
+    first = tokenizer.decode(g.token_ids[:1])  # "w39"
+    [cut] = pipe.generate(["w5 w6"], max_new_tokens=6, method=method, stop=" " + first)
+    assert (cut.token_ids, cut.finish_reason, cut.text) == (g.token_ids[:1], "stop", "")
+
+    engine, method = make_engine(pipe, "ar" if method == "ar" else "sd", DraftOptions(draft="ngram"), ModelOptions())
+    backend = LocalBackend(pipe.encode, pipe.decoder.detokenize, engine, method, 4)
+    calls = [StepRequest("w5 w6", (), 6), StepRequest("w5 w6", (" " + first,), 6)]
+    assert backend.generate(GenerationCall(calls, 0.0, [0, 1], "TG")) == [g.text, ""]

@@ -20,7 +20,7 @@ import torch
 from spectot.config import DraftOptions, EngineName, Kernels, ModelOptions, check_engine_draft
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model, real_tokens
-from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, prompt_seeds
+from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, decode_after, prompt_seeds
 from spectot.spec.draft_length import DraftLength, ForwardTime
 from spectot.spec.proposers.base import Proposer, drafts_chains
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
@@ -295,7 +295,7 @@ class Pipeline:
         return results
 
     def _finish(self, prompt: str, out, stop: tuple[str, ...]) -> Generation:
-        text = self.target.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        text = decode_after(self.decoder.detokenize, out.prompt_ids, out.token_ids)
         if out.finish_reason == "stop":
             text = cut_at_stop(text, stop)
         return Generation(prompt, text, out.prompt_ids, out.token_ids, out.finish_reason, out.stats)

@@ -78,9 +78,7 @@ def test_logprobs_are_the_targets(pipe) -> None:
     want = logits.log_softmax(-1)[torch.arange(len(gen)), torch.tensor(gen)]
     assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4)
     assert out.mean_logprob == pytest.approx(float(want.mean()), abs=1e-4)
-    assert len(out.tokens) == len(gen) and "".join(out.tokens) == pipe.target.tokenizer.decode(
-        gen, skip_special_tokens=True
-    )
+    assert len(out.tokens) == len(gen) and "".join(out.tokens) == pipe.generate("w5 w6", max_new_tokens=6)[0].text
 
 
 def test_stream_joins_to_the_completion_and_hides_stop_strings(pipe) -> None:
@@ -137,8 +135,8 @@ def test_a_stream_cancelled_while_it_waits_leaves_no_task_behind(pipe) -> None:
         backend = LocalEngineBackend.from_pipeline(pipe)
         submit = backend._submit
 
-        def first_piece_only(request, listener=None):  # then the stream waits, as behind a long engine step
-            return submit(request, lambda ids, seen=[]: None if seen else (seen.append(1), listener(ids)))
+        def first_piece_only(request, prompt, listener=None):  # then the stream waits, as behind a long engine step
+            return submit(request, prompt, lambda ids, seen=[]: None if seen else (seen.append(1), listener(ids)))
 
         backend._submit = first_piece_only
         try:
@@ -352,8 +350,36 @@ def test_a_live_priority_ranks_the_request_from_its_submission_and_follows_it(ti
     backend = LocalEngineBackend(engine=engine, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint))
     live = LivePriority(2)
     live.set(0)  # taken over before it was submitted
-    backend._submit(CompletionRequest("w5 w6", priority=2, live_priority=live))
+    backend._submit(CompletionRequest("w5 w6", priority=2, live_priority=live), [9, 10])
     live.set(1)
     engine.future.set_result(None)
     live.set(2)  # resolved: nobody is told
     assert engine.calls == [("submit", 0), ("reprioritize", 1)]
+
+
+def test_a_sentencepiece_completion_keeps_its_leading_space(metaspace_checkpoint) -> None:
+    """A completion, its streamed pieces and its per-token pieces read after the prompt: with a SentencePiece
+    tokenizer (Llama-2's, Mistral's) " Paris." came back "Paris.", and a stop string opening with a space never
+    matched on the first token."""
+    pipe = Pipeline.from_options(
+        ModelOptions(target=str(metaspace_checkpoint), dtype="fp32", kernels="torch"), DraftOptions(draft="ngram")
+    )
+    [g] = pipe.generate(["w5 w6"], max_new_tokens=6)
+    first = pipe.target.tokenizer.decode(g.token_ids[:1])
+
+    async def main():
+        backend = LocalEngineBackend.from_pipeline(pipe)
+        try:
+            request = CompletionRequest("w5 w6", 6, logprobs=True)
+            *pieces, streamed = [p async for p in backend.stream(request)]
+            whole = await backend.complete(request)
+            cut = await backend.complete(CompletionRequest("w5 w6", 6, stop=(" " + first,)))
+            return pieces, streamed, whole, cut
+        finally:
+            await backend.aclose()
+
+    pieces, streamed, whole, cut = asyncio.run(main())
+    assert g.text.startswith(" ")
+    assert "".join(pieces) == streamed.text == whole.text == g.text
+    assert whole.tokens[0] == " " + first and "".join(whole.tokens) == g.text
+    assert (cut.text, cut.finish_reason, cut.completion_tokens) == ("", "stop", 1)

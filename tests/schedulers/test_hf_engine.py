@@ -88,3 +88,22 @@ def test_a_prompt_past_the_context_is_refused_as_spectots_engines_refuse_it(tiny
     with pytest.raises(ContextOverflowError, match="prompt 0 has 22 tokens; with max_new_tokens=16 it exceeds"):
         engine.run(Level(PROMPTS, DecodeConfig(max_new_tokens=16), [0, 1, 2]))
     assert len(engine.run(Level(PROMPTS, DecodeConfig(max_new_tokens=8), [0, 1, 2]))) == 3
+
+
+def test_a_stop_string_opening_with_a_space_ends_a_sentencepiece_row_at_its_first_token(tiny_llama) -> None:
+    """A SentencePiece tokenizer decodes a row's first token without its space: read after the prompt, " w39"
+    ends the row there, in spectot's engine and in transformers' alike (both ran on to max_new_tokens)."""
+    from conftest import build_metaspace_tokenizer
+
+    tokenizer = build_metaspace_tokenizer()
+    words = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    target = tiny_llama()
+    serial = SerialEngine(Decoder(ModelRunner(target), (63,), detokenize=words))
+    plain = serial.run(Level(PROMPTS, DecodeConfig(max_new_tokens=8), [0, 1, 2]))
+    assert all(p.token_ids[0] > 3 for p in plain)  # words, not special tokens
+    stop = tuple(" " + words(p.token_ids[:1]) for p in plain)
+    level = Level(PROMPTS, DecodeConfig(max_new_tokens=8, stop=stop), [0, 1, 2])
+    for engine in (serial, HFBatchedEngine(target, (63,), words, CONTEXT)):
+        results = engine.run(level)
+        assert [r.token_ids for r in results] == [p.token_ids[:1] for p in plain]
+        assert {r.finish_reason for r in results} == {"stop"}

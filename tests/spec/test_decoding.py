@@ -712,3 +712,24 @@ def test_each_sampling_group_drafts_knowing_every_stream_of_the_forward(target) 
         session.prefill(session.streams)
         session.propose(session.streams)
     assert proposer.streams == [3, 3, 3]  # two calls (one a group), each told the forward's 3 streams
+
+
+def test_a_completion_reads_after_its_prompt() -> None:
+    """Decoded alone, a SentencePiece completion lost its leading space (" w7 w8" after "w5 w6" came back
+    "w7 w8": the search's next prompt read "w5 w6w7 w8") and a stop string opening with a space could not match on
+    the first token; read after the prompt's last tokens, both hold, and a stop string in the prompt alone does
+    not count."""
+    from conftest import build_metaspace_tokenizer
+
+    from spectot.spec.decoding import decode_after, hit_stop
+
+    tokenizer = build_metaspace_tokenizer()
+    detokenize = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    prompt, generated = tokenizer("w1 w2 w3 w4 w5 w6")["input_ids"], tokenizer("w7 w8")["input_ids"]
+    assert detokenize(generated) == "w7 w8"  # the tokenizer's start-of-text rule
+    assert decode_after(detokenize, prompt, generated) == " w7 w8"
+    assert decode_after(detokenize, prompt[:1], generated) == " w7 w8"  # a context shorter than CONTEXT_TOKENS
+    assert decode_after(detokenize, [], generated) == "w7 w8"
+    assert hit_stop(generated[:1], [" w7"], detokenize, prompt)
+    assert not hit_stop(generated[:1], [" w7"], detokenize)  # as it was
+    assert not hit_stop(generated[:1], ["w5 w6"], detokenize, prompt)

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 
 from spectot.backends.base import Completion, CompletionRequest
 from spectot.schedulers.continuous import ContinuousEngine
-from spectot.spec.decoding import DecodeConfig, Method, StreamResult, cut_at_stop
+from spectot.spec.decoding import CONTEXT_TOKENS, DecodeConfig, Method, StreamResult, cut_at_stop, decode_after
 from spectot.spec.sampling import SamplingParams
 
 
@@ -71,7 +71,7 @@ class LocalEngineBackend:
     # -- AsyncBackend ------------------------------------------------------------------------------
     async def complete(self, request: CompletionRequest) -> Completion:
         t = time.perf_counter()
-        future = self._submit(request)
+        future = self._submit(request, self.encode(request))
         result = await asyncio.wrap_future(future)  # cancelling this task cancels the engine's request
         return self._completion(request, result, time.perf_counter() - t)
 
@@ -81,15 +81,17 @@ class LocalEngineBackend:
 
         Each step decodes only a window of the newest tokens (``decode_increment``) and looks for stop strings
         only where the new text could complete one, so a stream costs O(tokens), not O(tokens^2); the pieces
-        join to the ``Completion``'s text (decoded once, whole, as ``complete`` does)."""
+        join to the ``Completion``'s text (decoded once, whole, as ``complete`` does). The window starts in the
+        prompt's last tokens, as ``decode_after`` does for the whole text."""
         t = time.perf_counter()
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[list[int]] = asyncio.Queue()
-        future = self._submit(request, lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids))
+        prompt = self.encode(request)
+        future = self._submit(request, prompt, lambda ids: loop.call_soon_threadsafe(pieces.put_nowait, ids))
         done = asyncio.wrap_future(future)
-        generated: list[int] = []
-        prefix_offset = read_offset = 0  # decode_increment's window over ``generated``
-        text = ""  # the text of generated[:read_offset]
+        generated = prompt[-CONTEXT_TOKENS:]  # the prompt's tail, then the generated tokens
+        prefix_offset, read_offset = 0, len(generated)  # decode_increment's window over ``generated``
+        text = ""  # the text of generated[len(prompt tail) : read_offset]
         sent = 0  # characters of ``text`` yielded
         longest_stop = max((len(s) for s in request.stop), default=1)
         stopped = False  # ``text`` holds a stop string: the rest comes with the Completion, cut before it
@@ -141,10 +143,11 @@ class LocalEngineBackend:
     async def aclose(self) -> None:
         await asyncio.to_thread(self.engine.close)
 
-    def _submit(self, request: CompletionRequest, listener=None) -> Future:
-        """The request in the engine; its live priority, if any, re-ranks it there until it resolves."""
+    def _submit(self, request: CompletionRequest, prompt: list[int], listener=None) -> Future:
+        """The request (``prompt`` its ids) in the engine; its live priority, if any, re-ranks it there until it
+        resolves."""
         future = self.engine.submit(
-            self.encode(request),
+            prompt,
             self._config(request),
             self._seed(request),
             listener=listener,
@@ -196,7 +199,7 @@ class LocalEngineBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _text(self, request: CompletionRequest, result: StreamResult) -> str:
-        text = self._decode(result.token_ids)
+        text = decode_after(self._decode, result.prompt_ids, result.token_ids)
         return cut_at_stop(text, request.stop) if result.finish_reason == "stop" else text
 
     def _config(self, request: CompletionRequest) -> DecodeConfig:
@@ -216,22 +219,24 @@ class LocalEngineBackend:
             prompt_tokens=len(result.prompt_ids),
             completion_tokens=len(result.token_ids),
             logprobs=list(result.logprobs) if request.logprobs else [],
-            tokens=token_pieces(self._decode, result.token_ids) if request.logprobs else [],
+            tokens=token_pieces(self._decode, result.token_ids, result.prompt_ids) if request.logprobs else [],
             seconds=seconds,
         )
 
 
-def token_pieces(decode: Callable[[list[int]], str], ids: Sequence[int]) -> list[str]:
-    """The text each of ``ids`` adds, by ``decode_increment``; the last piece takes whatever text is still held
-    back (a character cut off by the length limit), so the pieces join to ``decode(ids)``.
-    Example with byte tokens: ["a", 0xC3, 0xA9] -> ["a", "", "é"]."""
+def token_pieces(decode: Callable[[list[int]], str], ids: Sequence[int], context: Sequence[int] = ()) -> list[str]:
+    """The text each of ``ids`` adds after ``context`` (the prompt's ids), by ``decode_increment``; the last piece
+    takes whatever text is still held back (a character cut off by the length limit), so the pieces join to
+    ``decode_after(decode, context, ids)``. Example with byte tokens: ["a", 0xC3, 0xA9] -> ["a", "", "é"]."""
+    head = list(context[-CONTEXT_TOKENS:])
+    every = head + list(ids)
     pieces: list[str] = []
-    prefix_offset = read_offset = 0
-    for end in range(1, len(ids) + 1):
-        piece, prefix_offset, read_offset = decode_increment(decode, ids[:end], prefix_offset, read_offset)
+    prefix_offset, read_offset = 0, len(head)
+    for end in range(len(head) + 1, len(every) + 1):
+        piece, prefix_offset, read_offset = decode_increment(decode, every[:end], prefix_offset, read_offset)
         pieces.append(piece)
     if pieces:
-        pieces[-1] += decode(list(ids))[len("".join(pieces)) :]
+        pieces[-1] += decode_after(decode, head, ids)[len("".join(pieces)) :]
     return pieces
 
 

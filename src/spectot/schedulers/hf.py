@@ -18,7 +18,7 @@ from transformers import GenerationConfig, StoppingCriteria
 from spectot.engine.runner import ContextOverflowError
 from spectot.schedulers.base import Level, Recorder
 from spectot.schedulers.timeline import Timeline
-from spectot.spec.decoding import FinishReason, StreamResult, hit_stop
+from spectot.spec.decoding import CONTEXT_TOKENS, FinishReason, StreamResult, hit_stop
 from spectot.spec.stats import DecodeStats
 
 
@@ -88,7 +88,7 @@ class HFBatchedEngine:
             if token in self.eos_token_ids:
                 finish = "eos"
                 break
-            if stop and hit_stop(tokens, stop, self.detokenize):
+            if stop and hit_stop(tokens, stop, self.detokenize, prompt):
                 finish = "stop"
                 break
         stats = DecodeStats(new_tokens=len(tokens), prompt_tokens=len(prompt), target_forwards=steps)
@@ -98,11 +98,14 @@ class HFBatchedEngine:
 
 
 class _StopStrings(StoppingCriteria):
-    """transformers stopping criterion: per row, whether its new text holds a stop string."""
+    """transformers stopping criterion: per row, whether its new text (read after its prompt's) holds a stop
+    string. Rows are left-padded with the EOS, which decodes to nothing."""
 
     def __init__(self, stop: tuple[str, ...], detokenize, prompt_width: int) -> None:
         self.stop, self.detokenize, self.width = stop, detokenize, prompt_width
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         rows = input_ids[:, self.width :].tolist()
-        return torch.tensor([hit_stop(r, self.stop, self.detokenize) for r in rows], device=input_ids.device)
+        prompts = input_ids[:, max(self.width - CONTEXT_TOKENS, 0) : self.width].tolist()  # their last tokens
+        hits = [hit_stop(r, self.stop, self.detokenize, p) for r, p in zip(rows, prompts)]
+        return torch.tensor(hits, device=input_ids.device)

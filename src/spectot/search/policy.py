@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from spectot.spec.decoding import DecodeConfig, cut_at_stop, stream_seeds
+from spectot.spec.decoding import DecodeConfig, cut_at_stop, decode_after, stream_seeds
 from spectot.tasks.base import StepRequest
 
 
@@ -148,7 +148,7 @@ class LocalBackend:
         asked: list[StepRequest | None] = [None] * len(first.requests)
 
         def follow_up(i: int, result) -> tuple[list[int], DecodeConfig, int]:  # on this thread, as streams end
-            texts[i] = cut_at_stop(self.decode(result.token_ids), stop)
+            texts[i] = cut_at_stop(self._text(result), stop)
             asked[i] = r = follow(i, texts[i])
             return self.encode(r.prompt), self._config(then, r.stop, r.max_new_tokens), then.seeds[i]
 
@@ -157,7 +157,7 @@ class LocalBackend:
         self._count(then.component, run.then, run.seconds - run.first_seconds, run.forwards - run.first_forwards)
         self._record(first, run.first)
         self._record(then, run.then)
-        return texts, [cut_at_stop(self.decode(res.token_ids), r.stop) for res, r in zip(run.then, asked)]
+        return texts, [cut_at_stop(self._text(res), r.stop) for res, r in zip(run.then, asked)]
 
     def _config(self, call: GenerationCall, stop: tuple[str, ...], max_new: int) -> DecodeConfig:
         from spectot.spec.sampling import SamplingParams
@@ -191,8 +191,13 @@ class LocalBackend:
             self._count(call.component, results, seconds, forwards)
             self._record(call, results)
             for i, res in zip(members, results):
-                texts[i] = cut_at_stop(self.decode(res.token_ids), stop)
+                texts[i] = cut_at_stop(self._text(res), stop)
         return texts
+
+    def _text(self, result) -> str:
+        """A stream's completion as it reads after its prompt (``decode_after``: a SentencePiece text keeps its
+        leading space)."""
+        return decode_after(self.decode, result.prompt_ids, result.token_ids)
 
     def _next_level(self) -> int:
         with self._lock:

@@ -38,6 +38,7 @@ from spectot.spec.verify import verify_chain, verify_chain_coupled
 
 Method = Literal["ar", "sd"]
 FinishReason = Literal["eos", "stop", "length"]
+CONTEXT_TOKENS = 5  # tokens a completion's text is decoded after (``decode_after``; vLLM's offset too)
 MIN_SHARED_PREFIX = 16  # tokens: a shorter common prefix is not worth a separate forward
 
 
@@ -587,7 +588,7 @@ class DecodeSession:
             s.stats.new_tokens += 1
             if token in self.decoder.eos:
                 s.finish = "eos"
-            elif config.stop and hit_stop(s.generated, config.stop, self.decoder.detokenize):
+            elif config.stop and hit_stop(s.generated, config.stop, self.decoder.detokenize, s.prompt):
                 s.finish = "stop"
             elif len(s.generated) >= config.max_new_tokens:
                 s.finish = "length"
@@ -619,13 +620,30 @@ def _draft_room(s: _Stream) -> int:
     return min(s.config.num_draft_tokens, s.config.max_new_tokens - len(s.generated) - 1)
 
 
-def hit_stop(tokens: Sequence[int], stop: Sequence[str], detokenize: Callable[[list[int]], str]) -> bool:
-    """Whether the newest token completes a stop string. Only the tail is decoded: a stop string of L characters
-    ends in the newest token and spans at most L tokens that show text, and a character may take up to 4 byte
-    tokens, so 32 + 4 L tokens suffice (a fixed 32 missed stop strings of more than 32 words)."""
+def hit_stop(
+    tokens: Sequence[int], stop: Sequence[str], detokenize: Callable[[list[int]], str], context: Sequence[int] = ()
+) -> bool:
+    """Whether the newest of ``tokens`` (the generated ones, after ``context``: the prompt's) completes a stop
+    string. Only the tail is decoded: a stop string of L characters ends in the newest token and spans at most L
+    tokens that show text, and a character may take up to 4 byte tokens, so 32 + 4 L tokens suffice (a fixed 32
+    missed stop strings of more than 32 words); they are decoded after the tokens before them (``decode_after``),
+    so a stop string that opens with a space matches on the first token of a SentencePiece tokenizer's text."""
     window = 32 + 4 * max((len(x) for x in stop), default=0)
-    tail = detokenize(list(tokens[-window:]))
+    cut = max(len(tokens) - window, 0)
+    before = list(context[-CONTEXT_TOKENS:]) + list(tokens[max(cut - CONTEXT_TOKENS, 0) : cut])
+    tail = decode_after(detokenize, before, tokens[cut:])
     return any(x in tail for x in stop)
+
+
+def decode_after(detokenize: Callable[[list[int]], str], context: Sequence[int], ids: Sequence[int]) -> str:
+    """The text ``ids`` add after the last CONTEXT_TOKENS of ``context``: decode(context + ids) minus
+    decode(context) (vLLM's way). Decoded alone, a completion meets the tokenizer's start-of-text rules: a
+    SentencePiece (Metaspace) tokenizer drops its leading space. Example, Llama-2's tokenizer: [▁Paris, .] reads
+    "Paris.", after the prompt's [▁capital, ▁is] " Paris."."""
+    head = list(context[-CONTEXT_TOKENS:])
+    if not head:
+        return detokenize(list(ids))
+    return detokenize(head + list(ids))[len(detokenize(head)) :]
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
