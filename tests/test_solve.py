@@ -195,27 +195,26 @@ def test_the_tree_searches_local_backend_drafts_the_tokens_asked(tiny_checkpoint
         backend.engine.close()
 
 
-def test_a_problem_too_long_for_the_context_is_named(tiny_checkpoint, tmp_path) -> None:
-    """The engine's error named "prompt 0" of a level: which problem, the user could not tell."""
-    data = tmp_path / "long.jsonl"
-    lines = [{"question": "w1 w2", "answer": "#### 3"}, {"question": " ".join(["w5"] * 5000), "answer": "#### 4"}]
-    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
-    options = SolveOptions(task="gsm8k", data=str(data), limit=2, engine="ar")
-    with pytest.raises(ValueError, match=r"problem 2: .*tokens"):
-        run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options)
-
-
-def test_problems_in_flight_are_written_as_they_finish(tiny_checkpoint, tmp_path) -> None:
+def test_problems_in_flight_are_written_as_they_finish(tiny_checkpoint, tmp_path, monkeypatch) -> None:
     """Records came back in problem order: a problem finished behind a failing (or slow) one was held unwritten,
-    and the failure lost it (--resume ran it again)."""
+    and the failure that ends the run (here a grader that breaks on problem 1) lost it (--resume ran it again)."""
+    from spectot.tasks.gsm8k import Gsm8kTask
+
     data = tmp_path / "mixed.jsonl"
-    lines = [{"question": " ".join(["w5"] * 5000), "answer": "#### 4"}, {"question": "w1 w2", "answer": "#### 3"}]
+    lines = [{"question": " ".join(["w5"] * 500), "answer": "#### 4"}, {"question": "w1 w2", "answer": "#### 3"}]
     data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    grade = Gsm8kTask.grade
+
+    def broken_on_1(self, problem, answer):
+        if problem.id == "1":
+            raise RuntimeError("the grader broke")
+        return grade(self, problem, answer)
+
+    monkeypatch.setattr(Gsm8kTask, "grade", broken_on_1)
     model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch", chat_template=False)
     out = tmp_path / "records.jsonl"
     options = SolveOptions(task="gsm8k", data=str(data), limit=2, engine="continuous-ar", json=str(out))
-    with pytest.raises(ValueError, match=r"problem 1: .*tokens"):
+    with pytest.raises(RuntimeError, match="the grader broke"):
         run_solve(model, DraftOptions(draft="none"), SearchOptions(depth=2, thoughts=1), options, in_flight=2)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["2"]
 
@@ -271,3 +270,74 @@ def test_the_bfs_figures_are_left_out_of_an_mcts_summary() -> None:
         SearchOptions(search="rebase", depth=2), tree, SolveOptions(task="gsm8k", limit=1), RecordingBackend()
     )
     assert rebase.summary()["level_seconds"] > 0
+
+
+def _problems_with_one_too_long(path) -> str:
+    """Three GSM8K lines; the second question is 2,100 words, past the tiny models' 2,048-token context."""
+    questions = ["w5 w6 w7?", " ".join(["w9"] * 2100) + "?", "w8 w9?"]
+    path.write_text("".join(json.dumps({"question": q, "answer": "#### 3"}) + "\n" for q in questions))
+    return str(path)
+
+
+@pytest.mark.parametrize("engine", ["ar", "continuous-ar"])
+def test_a_problem_past_the_context_fails_alone(tiny_checkpoint, tmp_path, engine) -> None:
+    """A problem whose prompt the model cannot hold ended the whole run (and a --resume met it again, first);
+    now its record says why, graded 0, and the other problems are solved as before."""
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    data = _problems_with_one_too_long(tmp_path / "q.jsonl")
+    search = SearchOptions(depth=2, thoughts=2)
+    out = tmp_path / "out.jsonl"
+    options = SolveOptions(engine=engine, data=data, limit=3, json=str(out))
+    run = run_solve(model, DraftOptions(draft="none"), search, options, in_flight=2 if "continuous" in engine else 1)
+    by_id = {r["id"]: r for r in run.records}
+    assert run.summary()["failed"] == 1 and len(by_id) == 3
+    failed = by_id["2"]
+    assert (failed["answer"], failed["grade"]) == ("", 0.0) and "exceeds the model's context" in failed["error"]
+    assert not by_id["1"].get("error") and not by_id["3"].get("error") and by_id["1"]["levels"]
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == ["1", "2", "3"]
+    alone = run_solve(model, DraftOptions(draft="none"), search, SolveOptions(engine=engine, data=data, limit=1))
+    assert alone.records[0]["answer"] == by_id["1"]["answer"]
+
+
+class RefusingBackend(RecordingBackend):
+    """``RecordingBackend``, refusing every request of a question holding "w9 w9" as a server does a prompt past
+    its model's context (or, with ``error``, failing it otherwise)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        if "w9 w9" in request.prompt:
+            from spectot.backends.openai import OpenAIBackendError
+
+            raise self.error or OpenAIBackendError("maximum context length is 2048 tokens", 400, "http://x/v1")
+        return await super().complete(request)
+
+
+@pytest.mark.parametrize("search", ["rebase", "rstar"])
+def test_a_tree_search_query_refused_by_its_server_fails_alone(tmp_path, search) -> None:
+    data = _problems_with_one_too_long(tmp_path / "q.jsonl")
+    options = SolveOptions(task="gsm8k", data=data, limit=3)
+    tree = TreeSearchOptions(budget=2, queries_in_flight=3)
+    run = run_tree_solve(SearchOptions(search=search, depth=2), tree, options, RefusingBackend())
+    by_id = {r["id"]: r for r in run.records}
+    assert run.summary()["failed"] == 1 and by_id["2"]["score"] == 0.0 and by_id["2"]["answer"] == ""
+    assert "maximum context length" in by_id["2"]["error"]
+    assert by_id["1"]["answer"] == by_id["3"]["answer"] == "3" and not by_id["1"]["error"]
+    with pytest.raises(RuntimeError, match="engine stopped"):  # anything else still ends the run
+        run_tree_solve(
+            SearchOptions(search=search, depth=2), tree, options, RefusingBackend(RuntimeError("engine stopped"))
+        )
+
+
+def test_which_errors_are_a_requests_own() -> None:
+    from spectot.backends.base import is_refusal
+    from spectot.backends.openai import OpenAIBackendError
+    from spectot.spec.decoding import PromptRefused
+
+    assert is_refusal(PromptRefused("prompt 0 has 9000 tokens"))
+    assert is_refusal(OpenAIBackendError("too long", 400)) and is_refusal(OpenAIBackendError("too large", 413))
+    for other in (OpenAIBackendError("no key", 401), OpenAIBackendError("down", 503), OpenAIBackendError("gone")):
+        assert not is_refusal(other)
+    assert not is_refusal(ValueError("a bug")) and not is_refusal(RuntimeError("out of memory"))

@@ -20,7 +20,16 @@ import torch
 from spectot.config import DraftOptions, EngineName, Kernels, ModelOptions, check_engine_draft
 from spectot.engine.runner import ModelRunner
 from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model, real_tokens
-from spectot.spec.decoding import DecodeConfig, Decoder, FinishReason, Method, cut_at_stop, decode_after, prompt_seeds
+from spectot.spec.decoding import (
+    DecodeConfig,
+    Decoder,
+    FinishReason,
+    Method,
+    PromptRefused,
+    cut_at_stop,
+    decode_after,
+    prompt_seeds,
+)
 from spectot.spec.draft_length import DraftLength, ForwardTime
 from spectot.spec.proposers.base import Proposer, drafts_chains
 from spectot.spec.proposers.draft_decoder import ChildSampling, DraftDecoderProposer
@@ -31,7 +40,7 @@ from spectot.spec.stats import DecodeStats
 from spectot.spec.trees.dynamic import TreeBudget, TreePolicy
 
 
-class PromptError(ValueError):
+class PromptError(PromptRefused):
     """A prompt that cannot be decoded: ``index`` its place in the call's list, ``fault`` why ("has 9000 tokens; ...")."""
 
     def __init__(self, index: int, count: int, fault: str) -> None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spectot.backends.base import is_refusal
 from spectot.config import DraftOptions, ModelOptions, SearchOptions, SolveOptions
 from spectot.data.jsonl import DataError, results_file
 from spectot.search.policy import ComponentStats, LocalBackend, Policy
@@ -42,6 +43,7 @@ class SolveRun:
         tokens = sum(c.new_tokens for c in self.stats.values())
         return {
             "problems": len(self.records),
+            "failed": sum(bool(r.get("error")) for r in self.records),
             "resumed": len(self.resumed),
             "accuracy": sum(grades) / len(grades) if grades else 0.0,
             "accuracy_all": sum(every) / len(every) if every else 0.0,
@@ -160,14 +162,28 @@ def run_solve(
 
     def solve(problem: Problem) -> dict:
         t = time.perf_counter()
+        gold = problem.answer if isinstance(problem.answer, (str, list)) else str(problem.answer)
         try:
             result = tot_bfs(task, problem, policy, bfs_config(search))
-        except ValueError as err:  # a prompt past the context, say: name the problem it came from
-            raise ValueError(f"problem {problem.id}: {err}") from err
+        except Exception as err:
+            if is_refusal(err):  # a prompt past the context, say: this problem fails, the others go on
+                log.warning("problem %s failed: %s", problem.id, err)
+                return {
+                    **{"id": problem.id, "answer": "", "best_state": [], "best_value": 0.0, "levels": []},
+                    "question": problem.question,
+                    "gold": gold,
+                    "grade": 0.0,
+                    "seconds": time.perf_counter() - t,
+                    "engine": options.engine,
+                    "error": str(err),
+                }
+            if isinstance(err, ValueError):  # name the problem it came from
+                raise ValueError(f"problem {problem.id}: {err}") from err
+            raise
         return {
             **result.to_dict(),
             "question": problem.question,
-            "gold": problem.answer if isinstance(problem.answer, (str, list)) else str(problem.answer),
+            "gold": gold,
             "grade": task.grade(problem, result.answer),
             "seconds": time.perf_counter() - t,
             "engine": options.engine,

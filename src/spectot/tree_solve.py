@@ -47,6 +47,7 @@ class TreeSolveRun:
         query_seconds = sum(r["seconds"] for r in self.records)
         return {
             "problems": n,
+            "failed": sum(bool(r.get("error")) for r in self.records),
             "resumed": len(self.resumed),
             "accuracy": sum(r["score"] for r in self.records) / n if n else 0.0,
             "accuracy_all": sum(every) / len(every) if every else 0.0,

@@ -328,3 +328,14 @@ def test_a_tree_search_resume_of_another_setup_is_refused_before_the_model_loads
     argv = ["solve", "--search", "rebase", "--target", str(tmp_path / "no-model"), "--json", str(out), "--resume"]
     code, _, err = run(capsys, *argv, "--limit", "1")
     assert code != 0 and "holds the records of another setup" in err  # not the missing model
+
+
+def test_a_solve_whose_problem_failed_exits_1_and_names_it(capsys, checkpoint, tmp_path) -> None:
+    """The run goes on past a problem the model cannot hold; its exit status and last line say so."""
+    questions = ["w5 w6 w7?", " ".join(["w9"] * 2100) + "?"]
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "#### 3"}) + "\n" for q in questions))
+    flags = ["--target", str(checkpoint), "--dtype", "fp32", "--kernels", "torch", "--data", str(data)]
+    code, out, err = run(capsys, "solve", *flags, "--engine", "ar", "--depth", "2", "--thoughts", "2")
+    assert code == 1 and "1 of 2 problems failed (2): see their records' error" in err
+    assert "[2/2] 2: grade 0.00" in err + out and "failed: prompt" in err + out and "1 failed, graded 0" in out

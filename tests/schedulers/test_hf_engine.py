@@ -82,10 +82,10 @@ def test_the_checkpoints_generation_settings_do_not_leak_into_plain_decoding(tin
 
 def test_a_prompt_past_the_context_is_refused_as_spectots_engines_refuse_it(tiny_llama) -> None:
     """generate() ran past the model's context (RoPE past its trained positions) where spectot's engines refuse."""
-    from spectot.engine.runner import ContextOverflowError
+    from spectot.spec.decoding import PromptRefused
 
     engine = HFBatchedEngine(tiny_llama(), (63,), detokenize, max_context=30)
-    with pytest.raises(ContextOverflowError, match="prompt 0 has 22 tokens; with max_new_tokens=16 it exceeds"):
+    with pytest.raises(PromptRefused, match="prompt 0 has 22 tokens; with max_new_tokens=16 it exceeds"):
         engine.run(Level(PROMPTS, DecodeConfig(max_new_tokens=16), [0, 1, 2]))
     assert len(engine.run(Level(PROMPTS, DecodeConfig(max_new_tokens=8), [0, 1, 2]))) == 3
 

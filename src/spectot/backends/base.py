@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from spectot.spec.decoding import check_stop
+from spectot.spec.decoding import PromptRefused, check_stop
 
 FinishReason = Literal["stop", "length"]  # OpenAI's words: EOS and stop strings are both "stop"
 
@@ -121,3 +121,10 @@ class AsyncBackend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def is_refusal(error: BaseException) -> bool:
+    """Whether ``error`` is a request's own, raised again however often it is sent while other requests go on: a
+    prompt the local engine cannot run (``PromptRefused``), or one a server refused (``OpenAIBackendError.refused``).
+    A search fails its query alone on one; any other error (the engine stopped, a server unreachable) ends the run."""
+    return isinstance(error, PromptRefused) or getattr(error, "refused", False) is True

@@ -56,6 +56,12 @@ class OpenAIBackendError(RuntimeError):
         self.status = status  # the HTTP status; None for a connection error or a timeout
         self.url = url
 
+    @property
+    def refused(self) -> bool:
+        """Whether the server refused this request for what it holds (400, 413, 422: a prompt past the model's
+        context, say): sent again it fails again, while other requests go on (unlike 401, 404 or 5xx)."""
+        return self.status in (400, 413, 422)
+
 
 @dataclass(eq=False)
 class _Server:

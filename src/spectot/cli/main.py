@@ -232,9 +232,9 @@ def _solve(args: argparse.Namespace) -> int:
 
         def report(done: int, total: int, record: dict) -> None:
             bar.update(task, completed=done, total=total)
+            outcome = f"failed: {record['error']}" if record.get("error") else f"answer {record['answer'][:60]!r}"
             bar.console.print(
-                f"[{done}/{total}] {record['id']}: grade {record['grade']:.2f}, {record['seconds']:.1f}s, "
-                f"answer {record['answer'][:60]!r}"
+                f"[{done}/{total}] {record['id']}: grade {record['grade']:.2f}, {record['seconds']:.1f}s, {outcome}"
             )
 
         run = run_solve(
@@ -245,7 +245,7 @@ def _solve(args: argparse.Namespace) -> int:
         console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")
     drafted = "no draft" if options.engine in DRAFTLESS_ENGINES else f"draft {draft.draft}"
     Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / {drafted}"))
-    return 0
+    return _failures(run.records)
 
 
 def _tree_solve(args: argparse.Namespace) -> int:
@@ -272,15 +272,29 @@ def _tree_solve(args: argparse.Namespace) -> int:
 
         def report(done: int, total: int, record: dict) -> None:
             bar.update(task, completed=done, total=total)
+            outcome = f"failed: {record['error']}" if record.get("error") else f"answer {record['answer'][:40]!r}"
             bar.console.print(
                 f"[{done}/{total}] {record['id']}: score {record['score']:.2f}, {record['seconds']:.1f}s, "
-                f"{record['expansions']} expansions, answer {record['answer'][:40]!r}"
+                f"{record['expansions']} expansions, {outcome}"
             )
 
         run = run_tree_solve(search, tree, options, backend, report, problems=problems, embed=embed, setup=setup)
     title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
     Console().print(tree_solve_table(run.summary(), title))
-    return 0
+    return _failures(run.records)
+
+
+def _failures(records: list[dict]) -> int:
+    """The exit status of a solve run: 1 when some problem failed (its record, written with the others, says
+    why), so a script notices; 0 otherwise."""
+    failed = [r["id"] for r in records if r.get("error")]
+    if not failed:
+        return 0
+    shown = ", ".join(map(str, failed[:5])) + (", ..." if len(failed) > 5 else "")
+    print(
+        f"spectot: {len(failed)} of {len(records)} problems failed ({shown}): see their records' error", file=sys.stderr
+    )
+    return 1
 
 
 def _serve(model: ModelOptions, draft: DraftOptions, options: ServeOptions) -> int:

@@ -59,9 +59,16 @@ def solve_table(summary: dict, title: str) -> Table:
     table.caption = (
         f"{summary['problems']} problems, accuracy {summary['accuracy']:.2f}, wall {summary['seconds']:.1f}s, "
         f"{summary['new_tokens']} tokens, {summary['tokens_per_second']:.1f} tok/s "
-        "(tok/step: tokens per verification step of a stream, bonus token included)" + _resumed(summary)
+        "(tok/step: tokens per verification step of a stream, bonus token included)"
+        + _failed(summary)
+        + _resumed(summary)
     )
     return table
+
+
+def _failed(summary: dict) -> str:
+    """A caption line for problems that failed (a prompt past the context): they count as wrong."""
+    return f"; {summary['failed']} failed, graded 0" if summary.get("failed") else ""
 
 
 def _resumed(summary: dict) -> str:
@@ -101,5 +108,5 @@ def tree_solve_table(summary: dict, title: str) -> Table:
         str(summary["wasted_tokens"]),
         str(summary["stopped_early"]),
     )
-    table.caption = _resumed(summary).removeprefix("; ") or None
+    table.caption = (_failed(summary) + _resumed(summary)).removeprefix("; ") or None
     return table

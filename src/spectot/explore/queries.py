@@ -3,19 +3,22 @@
 ``run_queries`` keeps ``in_flight`` queries running at once over one async backend (the local engine
 batches all their requests into shared forwards; a remote server does its own batching). Each query
 gets an ``Explorer`` (SPEX on) or a ``PlainSource`` (off) and, optionally, SPEX's early-termination
-rule; it yields one ``QueryRecord`` per finished query, in finishing order.
+rule; it yields one ``QueryRecord`` per finished query, in finishing order. A query whose request is refused
+for itself (a prompt past the context: ``is_refusal``) ends with its record saying why, score 0, and the others go
+on; any other failure ends them all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from spectot.backends.base import AsyncBackend
+from spectot.backends.base import AsyncBackend, is_refusal
 from spectot.explore.explorer import Explorer, SharedBudget, SpecCounters
 from spectot.explore.termination import settled
 from spectot.search.bfs import reward_balanced_search
@@ -25,6 +28,8 @@ from spectot.search.tree_search import PlainSource, TreeSearchConfig
 from spectot.tasks.base import Problem, Task
 
 Exploration = Literal["none", "spex"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class QueryRecord:
     stopped_early: bool
     spec: dict = field(default_factory=dict)  # SpecCounters.to_dict()
     result: dict = field(default_factory=dict)
+    error: str = ""  # why the query failed (a request refused for itself); "" when its search ended
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +106,23 @@ async def run_queries(
             run = mcts_search if search.algorithm in ("rstar", "rest-mcts") else reward_balanced_search
             try:
                 result = await run(task, problem, source, search, stop)
+            except Exception as error:
+                if not is_refusal(error):
+                    raise
+                log.warning("problem %s failed: %s", problem.id, error)
+                spent = expander.counters
+                return QueryRecord(
+                    problem.id,
+                    answer="",
+                    gold=str(problem.answer),
+                    score=0.0,
+                    seconds=time.perf_counter() - t,
+                    expansions=0,
+                    tokens=spent.tokens,
+                    requests=spent.requests,
+                    stopped_early=False,
+                    error=str(error),
+                )
             finally:
                 await source.close()
             counters = source.counters if isinstance(source, Explorer) else SpecCounters()

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, StoppingCriteria
 
-from spectot.engine.runner import ContextOverflowError
 from spectot.schedulers.base import Level, Recorder
 from spectot.schedulers.timeline import Timeline
-from spectot.spec.decoding import CONTEXT_TOKENS, FinishReason, StreamResult, hit_stop
+from spectot.spec.decoding import CONTEXT_TOKENS, FinishReason, PromptRefused, StreamResult, hit_stop
 from spectot.spec.stats import DecodeStats
 
 
@@ -35,7 +34,7 @@ class HFBatchedEngine:
         config, prompts = level.config, [list(p) for p in level.prompts]
         for i, p in enumerate(prompts):
             if len(p) + config.max_new_tokens > self.max_context:
-                raise ContextOverflowError(
+                raise PromptRefused(
                     f"prompt {i} has {len(p)} tokens; with max_new_tokens={config.max_new_tokens} it exceeds the "
                     f"model's context of {self.max_context} tokens"
                 )

@@ -70,6 +70,11 @@ def check_stop(stop: object) -> None:
         raise ValueError(f"stop strings must be non-empty strings, got {tuple(stop)!r}")  # type: ignore[arg-type]
 
 
+class PromptRefused(ValueError):
+    """A prompt the decoder cannot run (``Decoder.prompt_fault``: no tokens, ids outside the vocabulary, past the
+    context): its request's own fault, raised again however often it is sent, while other requests go on."""
+
+
 @dataclass
 class StreamResult:
     prompt_ids: list[int]
@@ -244,7 +249,7 @@ class DecodeSession:
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
             if (fault := self.decoder.prompt_fault(p, config)) is not None:
-                raise ValueError(f"prompt {i} {fault}")
+                raise PromptRefused(f"prompt {i} {fault}")
         if seeds is None:  # independent per-stream seeds drawn from the call's seed
             seeds = torch.randint(2**62, (len(prompts),), generator=torch.Generator().manual_seed(config.seed)).tolist()
         first, self._next_key = self._next_key, self._next_key + len(prompts)
