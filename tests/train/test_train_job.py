@@ -278,3 +278,27 @@ def test_the_weights_digest_reads_a_parameter_as_large_as_smollm2s_embedding() -
     with torch.no_grad():
         embedding.weight[-1, -1] = 1.0  # the last value is among those read
     assert len(digest) == 16 and weights_digest(embedding) != digest
+
+
+def test_a_line_the_chat_template_refuses_is_named_and_skipped(tiny_model, tmp_path) -> None:
+    """A template's raise_exception on one question line ended the corpus read with jinja2's traceback; now the
+    line is an issue named by its number, and the others train."""
+    from conftest import build_tiny_tokenizer
+
+    target = tmp_path / "target"
+    tiny_model("llama", 0).save_pretrained(target)
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{% if 'w7' in messages[0]['content'] %}{{ raise_exception('no w7 here') }}{% endif %}"
+        "{{ messages[0]['content'] }}"
+    )
+    tokenizer.save_pretrained(target)
+    path = tmp_path / "q.jsonl"
+    path.write_text(
+        "".join(json.dumps({"question": f"w{i} w{i + 1}", "answer": f"w{i + 2} w9"}) + "\n" for i in (3, 7, 11, 15))
+    )
+    model = ModelOptions(target=str(target), dtype="fp32", kernels="torch")
+    result = run_train_draft(model, small_job(tmp_path, str(path)), lambda *args, **kwargs: None)
+    [issue] = result["corpus"]["skipped_lines"]
+    assert issue["line"] == 2 and "chat template refused it: no w7 here" in issue["reason"]
+    assert result["corpus"]["sequences"] == 3
