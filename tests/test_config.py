@@ -392,3 +392,33 @@ def test_a_trees_own_shape_flags_pass() -> None:
     check_draft(DraftOptions(draft="edd", tree="pct", pct_threshold=0.2, tree_depth=5))
     check_draft(DraftOptions(draft="edd", tree="eagle2", tree_budget=24))
     check_draft(DraftOptions(draft="edd", k_config="4,2", tree_budget=32))  # auto: the engine's tree may read them
+
+
+def _depth(parents) -> int:
+    depth = [0] * len(parents)
+    for node, parent in enumerate(parents[1:], start=1):
+        depth[node] = depth[parent] + 1
+    return max(depth)
+
+
+def test_a_tree_deeper_than_a_step_drafts_is_planned_within_it_or_refused() -> None:
+    """A step drafts at most --num-draft-tokens (k) deep: Sequoia's unbounded optimum for this vector (12 deep) was
+    cut at 5, unlike its plan (a reviewer's figures: G 4.99 planned, 3.95 drafted, the optimum within 5: 4.35),
+    and a SpecInfer 5x8 lost its last 3 tokens per sequence, in silence. Sequoia's DP now plans within k; a shape
+    deeper than k is refused by name."""
+    from spectot.pipeline import make_tree_policy
+
+    vector = "0.8,0.1,0.05"
+    within, _ = make_tree_policy(DraftOptions(draft="edd", tree="sequoia", acceptance=vector))
+    assert _depth(within.shape) == 5 and len(within.shape) == 16
+    deep, _ = make_tree_policy(DraftOptions(draft="edd", tree="sequoia", acceptance=vector, num_draft_tokens=16))
+    assert _depth(deep.shape) == 12
+    refused = [
+        (dict(tree="specinfer", specinfer="5x8"), "--specinfer 5x8 drafts 8 tokens deep, .* --num-draft-tokens 8"),
+        (dict(tree="k_config", k_config="2,1,1,1,1,1"), "--k-config 2,1,1,1,1,1 drafts 6 .* --num-draft-tokens 6"),
+        (dict(tree="pct", tree_depth=7), "--tree-depth 7 drafts 7 .* --num-draft-tokens 7"),
+    ]
+    for flags, message in refused:
+        with pytest.raises(ValueError, match=message):
+            DraftOptions(draft="edd", **flags)
+    assert DraftOptions(draft="edd", tree="specinfer", specinfer="5x8", num_draft_tokens=8).num_draft_tokens == 8

@@ -187,3 +187,25 @@ def test_a_sentencepiece_completion_keeps_its_leading_space(metaspace_checkpoint
     backend = LocalBackend(pipe.encode, pipe.decoder.detokenize, engine, method, 4)
     calls = [StepRequest("w5 w6", (), 6), StepRequest("w5 w6", (" " + first,), 6)]
     assert backend.generate(GenerationCall(calls, 0.0, [0, 1], "TG")) == [g.text, ""]
+
+
+def test_trees_sized_per_stream_stay_within_a_steps_draft_depth(tiny_checkpoint, tiny_model, tmp_path) -> None:
+    """continuous-sd / seed-batched / batched-sd size a Sequoia tree per stream up to 8 deep (root included); a
+    step drafts at most k deep, so the planned tree was cut (8 of 32 nodes for a reviewer's case) where the DP's
+    choice within k would have paid more."""
+    from spectot.spec.sampling import SamplingParams
+
+    target = tiny_model("llama", 0)
+    config = DraftDecoderConfig("edd", 1, -2, 64, fingerprint(target), target.config.to_dict())
+    DraftDecoder.initialise(config, target, torch.arange(64)).save(tmp_path / "edd", torch.arange(64))
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    free = {"t_curve": [{"n": 1, "t": 1.0}, {"n": 64, "t": 1.0}], "c": 0.0}  # wide trees cost nothing here
+    for k in (3, 5, 9):
+        draft = DraftOptions(draft=str(tmp_path / "edd"), acceptance="0.9,0.05,0.02", num_draft_tokens=k)
+        engine, _ = make_engine(pipe, "batched-sd", draft, model, free)
+        tree = engine.budget(1, SamplingParams()).shape
+        depth = [0] * len(tree)
+        for node, parent in enumerate(tree[1:], start=1):
+            depth[node] = depth[parent] + 1
+        assert max(depth) == min(k, 7)  # 8 deep with the root at most, as before

@@ -229,7 +229,7 @@ class DraftOptions:
         default="auto",
         **opt(
             "draft tree of a draft decoder (edd/vdm): auto (generate: chain; solve: the engine's own: sd chain, "
-            "mcsd/seed k_config, seed-batched/batched-sd Sequoia trees sized for the running streams), chain, k_config (--k-config), specinfer (--specinfer KxL), "
+            "mcsd/seed k_config, seed-batched/batched-sd/continuous-sd Sequoia trees sized for the running streams), chain, k_config (--k-config), specinfer (--specinfer KxL), "
             "sequoia (DP tree for --acceptance, --tree-budget, --tree-depth), or dynamic: pct, vct, cape, eagle2"
         ),
     )
@@ -280,7 +280,7 @@ class DraftOptions:
             parse_specinfer(self.specinfer)
         if self.tree == "sequoia" and not self.acceptance:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
-        if self.tree == "sequoia":
+        if self.acceptance:  # read now: the engines that size trees by it read it after the model loaded
             parse_acceptance(self.acceptance)
         if self.tree in ("pct", "eagle2", "cape") and self.tree_children in ("with_replacement", "without_replacement"):
             raise ValueError(
@@ -295,6 +295,18 @@ class DraftOptions:
             )
         if not 0 <= self.pct_threshold < 1:
             raise ValueError(f"--pct-threshold must be in [0, 1), got {self.pct_threshold}")
+        deep = self.tree_depth  # a step drafts at most k deep: a deeper tree would be cut, unlike its plan
+        if self.tree == "k_config":
+            deep, shape = len(parse_int_list(self.k_config, "--k-config")), f"--k-config {self.k_config}"
+        elif self.tree == "specinfer":
+            deep, shape = parse_specinfer(self.specinfer)[1], f"--specinfer {self.specinfer}"
+        else:
+            shape = f"--tree-depth {self.tree_depth}"
+        if deep > self.num_draft_tokens:
+            raise ValueError(
+                f"{shape} drafts {deep} tokens deep, past --num-draft-tokens {self.num_draft_tokens} (a step drafts "
+                f"at most that deep: the rest of the tree would be cut): pass --num-draft-tokens {deep}"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, {self.ngram_max}")
         if self.ngram_width < 1:

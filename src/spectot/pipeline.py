@@ -86,9 +86,10 @@ def make_tree_policy(options: DraftOptions) -> tuple[TreePolicy | None, ChildSam
     if options.tree == "specinfer":
         return dynamic.StaticPolicy(tuple(shapes.specinfer_tree(*parse_specinfer(options.specinfer)))), children
     if options.tree == "sequoia":
-        # --tree-depth counts draft depths below the root, as for the dynamic trees; Sequoia's DP counts the root
+        # --tree-depth counts draft depths below the root, as for the dynamic trees; Sequoia's DP counts the root.
+        # Without one, the tree is as deep as a step drafts (k): an unbounded optimum was cut at depth k
         tree = sequoia.sequoia_tree(
-            parse_acceptance(options.acceptance), options.tree_budget, depth + 1 if depth else None
+            parse_acceptance(options.acceptance), options.tree_budget, (depth or options.num_draft_tokens) + 1
         )
         return dynamic.StaticPolicy(tuple(tree.parents)), children
     if options.tree == "pct":
@@ -361,7 +362,9 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
         and draft.tree == "auto"
         and isinstance(proposer, DraftDecoderProposer)
     ):
-        budget = tree_by_streams(draft_acceptance(draft, model.target), machine_costs())
+        budget = tree_by_streams(
+            draft_acceptance(draft, model.target), machine_costs(), max_depth=min(8, draft.num_draft_tokens + 1)
+        )
     if tree == "pct" and isinstance(proposer, DraftDecoderProposer):  # as Pipeline.from_options does
         size_pct_trees(proposer, machine_costs())
     draft_length = None
@@ -462,7 +465,8 @@ def tree_by_streams(
     """(B, sampling) -> the Sequoia tree per stream that Sequoia's hardware-aware rule picks when B
     streams share each forward (few streams -> big trees, many -> small), from the acceptance
     vector measured at the temperature nearest the streams' (greedy = 0): a draft accepts less of
-    temperature-1 thoughts than of greedy values, so their trees are smaller."""
+    temperature-1 thoughts than of greedy values, so their trees are smaller. ``max_depth`` counts the root:
+    at most the requests' k + 1 (a step drafts k deep; a deeper tree would be cut, unlike its plan)."""
     from functools import cache
 
     from spectot.spec.trees.dynamic import StaticPolicy

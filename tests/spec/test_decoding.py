@@ -733,3 +733,26 @@ def test_a_completion_reads_after_its_prompt() -> None:
     assert hit_stop(generated[:1], [" w7"], detokenize, prompt)
     assert not hit_stop(generated[:1], [" w7"], detokenize)  # as it was
     assert not hit_stop(generated[:1], ["w5 w6"], detokenize, prompt)
+
+
+def test_a_step_cut_by_a_stop_is_no_evidence_of_acceptance(target, ar_reference) -> None:
+    """The target drafting for itself: every draft is accepted. A stop string met inside the accepted path ends
+    the stream there; that step counted all its accepted ranks, past the stop too (5 against the 2 drafts kept),
+    evidence the adaptive draft length and the acceptance vector read."""
+    prompt = [5, 9, 13, 2, 7]
+    reference = ar_reference(prompt)
+    assert reference[3] not in reference[:3]
+    detokenize = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731
+    [out] = run(
+        target,
+        [prompt],
+        DraftModelProposer(ModelRunner(target)),
+        detokenize=detokenize,
+        max_new_tokens=20,
+        method="sd",
+        num_draft_tokens=5,
+        stop=(f"<{reference[3]}>",),
+    )
+    # the prefill's token, then one step: drafts 1-5 all accepted, the stream cut after the third
+    assert out.finish_reason == "stop" and out.token_ids == reference[:4]
+    assert (out.stats.accepted, sum(out.stats.accepted_rank)) == (2, 0)

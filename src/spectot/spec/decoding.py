@@ -177,7 +177,10 @@ class Decoder:
         self, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None = None
     ) -> list[StreamResult]:
         """All streams together: every step one target forward over all unfinished streams.
-        ``seeds``: one per prompt (default: drawn from ``config.seed``); a stream's samples depend only on its seed."""
+        ``seeds``: one per prompt (default: drawn from ``config.seed``); a stream's samples depend only on its seed,
+        with no draft or a deterministic one (n-gram, top-token children); a draft that samples (a draft model,
+        sampled children) draws on the stream's generator as many times as its k asks, which a draft length may
+        pick by the batch: there the seed fixes the distribution, not the tokens."""
         with self.session(prompts, config, seeds) as session:
             session.prefill(session.streams)
             active = [s for s in session.streams if s.finish is None]
@@ -492,15 +495,16 @@ class DecodeSession:
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, s)
             parents = st.tree.parents.tolist()
-            s.stats.record_ranks(_accepted_ranks(parents, path))
-            if length is not None:
-                self._observe_length(s, d, path)
-            if d.confidence is not None:
-                conf = d.confidence.tolist()  # NaN: no draft confidence (a grafted prompt-lookup branch)
-                tested = [v for v in _tested(parents, path, d.rule is not None) if not math.isnan(conf[v - 1])]
-                s.stats.record_calibration([conf[v - 1] for v in tested], [v in path for v in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
             kept = self._emit(s, new, _logprobs(logits, new, path))
+            if kept == len(new):  # a step a stop cut short is no evidence of ranks, confidence or acceptance
+                s.stats.record_ranks(_accepted_ranks(parents, path))
+                if length is not None:
+                    self._observe_length(s, d, path)
+                if d.confidence is not None:
+                    conf = d.confidence.tolist()  # NaN: no draft confidence (a grafted prompt-lookup branch)
+                    tested = [v for v in _tested(parents, path, d.rule is not None) if not math.isnan(conf[v - 1])]
+                    s.stats.record_calibration([conf[v - 1] for v in tested], [v in path for v in tested])
             # a stop inside the accepted path ends the stream there: the step counts as a draft cut at the stop
             # (its last kept token plays the bonus token), so accepted + steps is what the stream emitted
             reached = _depth_reached(parents, path) if kept == len(new) else kept - 1
