@@ -249,7 +249,7 @@ class DraftOptions:
         ),
     )
     k_config: str = field(default="2,2,1", **opt("k_config tree: children per node at each depth, e.g. 4,2,1,1"))
-    specinfer: str = field(default="5x8", **opt("specinfer tree: K independent sequences of length L, as KxL"))
+    specinfer: str = field(default="5x5", **opt("specinfer tree: K independent sequences of length L (<= k), as KxL"))
     tree_budget: int = field(
         default=16, **opt("sequoia: tree size n incl. the root; eagle2: tokens kept after reranking")
     )
