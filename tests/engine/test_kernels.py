@@ -405,6 +405,7 @@ def test_tree_attention_bf16_rows_are_the_rounded_head_major_result(attention, h
         (dict(columns=torch.tensor([0, 1, 9])), "outside the cache"),
         (dict(columns=torch.tensor([0, 1, 2], dtype=torch.int32)), "int64"),
         (dict(kv=torch.zeros(9, 2, 3, 16)), "multiple of 3 kv heads"),
+        (dict(q=torch.zeros(0, 3, 16)), "0 query heads are not a positive multiple"),  # AMX builds: 16 / 0
     ],
 )
 def test_tree_attention_rejects_bad_input(attention, change: dict, message: str) -> None:
@@ -448,6 +449,12 @@ def test_the_native_kernels_refuse_inputs_they_would_misread(tiny_model) -> None
     add(stack, 8)
     with pytest.raises(RuntimeError, match="the first layer's widths"):
         add(stack, 256)
+    narrow = torch.zeros(1, 4, 1, 1, 8, dtype=torch.bfloat16)  # (layers, capacity, K and V: 2, H_kv, D)
+    with pytest.raises(RuntimeError, match="buffer must be a contiguous bf16"):  # V was written past its end
+        stack.forward(torch.zeros(1, hidden).bfloat16(), norm, norm, narrow, 0, *(torch.zeros(1).long(),) * 2, 1, 0, 0)
+    half = weight(64, hidden)[..., :1].contiguous()  # each feature pair's second half missing: read past the end
+    with pytest.raises(RuntimeError, match="weights packed by pack()"):
+        module.linear(torch.randn(2, hidden).bfloat16(), half, None, 64, 1)
     with pytest.raises(RuntimeError, match="one entry per output feature"):
         module.linear(torch.randn(2, hidden).bfloat16(), weight(64, hidden), torch.zeros(3), 64, 1)
     for rows in (3, 9):  # no features: past 6 rows no pass over the panel wrote y (left uninitialised)

@@ -73,7 +73,8 @@ constexpr int64_t NEXT_CHUNK_BYTES = CHUNK_PAIRS * 2 * PANEL * 2;  // a later gr
 
 // (N, K) -> (ceil(N / 64), ceil(K / 2), 64, 2), zero-padded
 torch::Tensor pack(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight must be (N, K) bf16");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16 && weight.device().is_cpu(),
+              "weight must be (N, K) bf16 on the CPU");
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t padded_n = (N + PANEL - 1) / PANEL * PANEL, padded_k = K + K % 2;
   auto padded = torch::zeros({padded_n, padded_k}, weight.options());
@@ -225,7 +226,9 @@ bool amx_linear(const uint16_t* x, int64_t rows, int64_t pairs, const uint16_t* 
 // (1: all, so every row is computed alike; the vdpbf16ps path agrees with it on all but ~1e-4 of outputs).
 void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
   TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL && packed.is_contiguous(), "weights packed by pack()");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.device().is_cpu(),
+              "weights packed by pack()");
   TORCH_CHECK(K > 0, "x has no features");  // past 6 rows no pass over the panel would write y
   TORCH_CHECK((K + 1) / 2 == packed.size(1) && N <= packed.size(0) * PANEL,
               "x's features or N do not match the packed weight");
@@ -328,7 +331,8 @@ inline __attribute__((always_inline)) void step6(const float* x, int64_t K, cons
 
 // (N, K) -> (ceil(N / 16), K, 8, 2): element [p, k, i, h] is W[16 p + 8 h + i, k], zero-padded
 torch::Tensor pack(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight must be (N, K) bf16");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16 && weight.device().is_cpu(),
+              "weight must be (N, K) bf16 on the CPU");
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t padded_n = (N + PANEL - 1) / PANEL * PANEL;
   auto padded = torch::zeros({padded_n, K}, weight.options());
@@ -397,7 +401,8 @@ void panel_rows(int64_t rb, const float* x, int64_t K, const uint16_t* w, int64_
 
 void check_packed(const torch::Tensor& packed, int64_t K, int64_t N) {
   TORCH_CHECK(packed.scalar_type() == torch::kBFloat16, "bf16 tensors");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL / 2 && packed.size(3) == 2 && packed.is_contiguous(),
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == PANEL / 2 && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.device().is_cpu(),
               "weights packed by pack()");
   TORCH_CHECK(K > 0, "x has no features");
   TORCH_CHECK(packed.size(1) == K && N <= packed.size(0) * PANEL, "x's features or N do not match the packed weight");
@@ -456,7 +461,7 @@ void linear_rows(const uint16_t* x, int64_t rows, int64_t K, const torch::Tensor
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias, int64_t N,
                      int64_t amx_rows) {
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "bf16 tensors");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(), "bf16 tensors on the CPU");
   const int64_t K = x.size(-1);
   check_packed(packed, K, N);
   auto out_shape = x.sizes().vec();

@@ -128,7 +128,8 @@ class DecoderStack {
                                      const torch::Tensor& row_ptr, int64_t amx_rows, bool tiles,
                                      int64_t hidden_after) const {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x must be (N, H) bf16");
-    TORCH_CHECK(buffer.dim() == 5 && buffer.size(0) == static_cast<int64_t>(layers_.size()) &&
+    TORCH_CHECK(x.device().is_cpu() && buffer.device().is_cpu(), "x and the cache must be on the CPU");
+    TORCH_CHECK(buffer.dim() == 5 && buffer.size(0) == static_cast<int64_t>(layers_.size()) && buffer.size(2) == 2 &&
                     buffer.scalar_type() == torch::kBFloat16 && buffer.is_contiguous(),
                 "buffer must be a contiguous bf16 (layers, capacity, 2, H_kv, D) with one entry per layer");
     const int64_t n = x.size(0), capacity = buffer.size(1);

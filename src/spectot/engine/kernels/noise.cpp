@@ -33,7 +33,8 @@ inline double exponential_at(uint64_t key, int64_t i) { return -std::log(uniform
 
 // E_i for i in ids, float64.
 torch::Tensor exponential(int64_t key, torch::Tensor ids) {
-  TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 1, "exponential: ids must be a 1-D int64 tensor");
+  TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 1 && ids.device().is_cpu(),
+              "exponential: ids must be a 1-D int64 tensor on the CPU");
   const auto index = ids.contiguous();
   const int64_t* id = index.data_ptr<int64_t>();
   auto out = torch::empty({index.numel()}, torch::kFloat64);
@@ -68,7 +69,8 @@ int64_t race_of(const T* p, int64_t V, uint64_t key) {
 }
 
 int64_t race(torch::Tensor probs, int64_t key) {
-  TORCH_CHECK(probs.dim() == 1 && probs.numel() > 0, "race: probs must be a non-empty 1-D tensor");
+  TORCH_CHECK(probs.dim() == 1 && probs.numel() > 0 && probs.device().is_cpu(),
+              "race: probs must be a non-empty 1-D tensor on the CPU");
   const auto p = probs.contiguous();
   if (p.scalar_type() == torch::kFloat32) return race_of(p.data_ptr<float>(), p.numel(), static_cast<uint64_t>(key));
   TORCH_CHECK(p.scalar_type() == torch::kFloat64, "race: probs must be float32 or float64, got ", p.scalar_type());

@@ -716,8 +716,8 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor co
   const int64_t H = q.size(0), N = q.size(1), D = q.size(2), H_kv = kv.size(2), capacity = kv.size(0);
   TORCH_CHECK(kv.size(3) == D, "tree_attention: q has head dim ", D, " but kv has ", kv.size(3));
   TORCH_CHECK(D > 0 && D % 8 == 0, "tree_attention: head dim must be a positive multiple of 8, got ", D);
-  TORCH_CHECK(H_kv > 0 && H % H_kv == 0, "tree_attention: ", H, " query heads are not a multiple of ", H_kv,
-              " kv heads");
+  TORCH_CHECK(H_kv > 0 && H > 0 && H % H_kv == 0, "tree_attention: ", H, " query heads are not a positive multiple of ",
+              H_kv, " kv heads");
   TORCH_CHECK(columns.scalar_type() == torch::kInt64 && row_ptr.scalar_type() == torch::kInt64,
               "tree_attention: columns and row_ptr must be int64");
   TORCH_CHECK(columns.dim() == 1 && columns.is_contiguous() && row_ptr.dim() == 1 && row_ptr.is_contiguous(),
