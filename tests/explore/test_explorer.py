@@ -1007,3 +1007,17 @@ def test_a_failed_primary_expansion_runs_afresh_when_asked_again() -> None:
         return await explorer.expand(ChildKey((), 0))
 
     assert run_virtual(main()).key == ChildKey((), 0)
+
+
+@pytest.mark.parametrize("alpha", [None, 0.5])  # rStar, REST-MCTS*
+def test_an_mcts_rollout_ending_at_the_tasks_last_step_without_an_answer_backs_up_no_reward(alpha) -> None:
+    """The math tasks count a state at their depth as final, answered or not, and the CLI gives the search the
+    task's depth: so the depth limit's 0 never applied, and a last step that says no answer backed up its
+    self-evaluation (0.9 here, against the answered sibling's 0.6), where rStar gives such a terminal 0."""
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 2, 1, 1, alpha=alpha)
+    unanswered, answered = _claim(tree, (0,)), _claim(tree, (0,))
+    unanswered.chain = [[Child.make_dummy((), 0, reward=0.9, final=True, answer="")]]
+    answered.chain = [[Child.make_dummy((), 1, reward=0.6, final=True, answer="7")]]
+    _fold(tree, unanswered), _fold(tree, answered)
+    assert tree.stats.stats(0).q == pytest.approx(0.3) and tree.stats.stats(1).q == 0.0
+    assert tree.dead_end(1) == 0.0 and tree.dead_end(2) == pytest.approx(0.6)

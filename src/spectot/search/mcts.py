@@ -18,8 +18,9 @@ plain mean of the terminal rewards. REST-MCTS* (as its authors' MCTS* does) valu
 rewards, V = (1 - alpha) r_1 + alpha max_{i>1} r_i (``uct.rollout_value``: r_1 the first new node's, the max over
 the steps below it), and a node's value is the visit-weighted mean of its children's current values
 (``uct.weighted_backup``); the task's self-evaluation stands in for the paper's trained process reward model,
-whose training targets (the quality values v_k) are not part of a search. A rollout cut at
-``max_depth`` without an answer backs up 0 (no answer, no reward) and casts no vote, unless no rollout answered:
+whose training targets (the quality values v_k) are not part of a search. A rollout that ends without an
+answer (cut at ``max_depth``, or at the task's last step saying none) backs up 0 (no answer, no reward: rStar's
+terminal that is no valid answer) and casts no vote, unless no rollout answered:
 then the unanswered leaves answer as the task reads their steps (as REBASE's open states do). ``max_depth`` is
 the config's, else the task's: the math tasks' default depth 4 keeps within rStar's limit of 5, and a task that
 needs more steps (Blocksworld's 6-step plans, depth 7; or an explicit --depth) gets them (a cap at 5 made a 6-step
@@ -144,11 +145,13 @@ class _Tree:
 
     def rollout(self, chain: list[list[Child]]) -> float:
         """What a rollout brings to the leaf it ends in (and, by the weighted mean, the nodes it grafted above
-        it): 0 if the depth limit cut it before an answer, in both (a dead end: no answer can come from it,
-        where the authors' rollouts are simulations that stop after a few steps and never join the tree); else
-        rStar its terminal reward, REST-MCTS* ``rollout_value`` of its kept steps' process rewards."""
+        it): 0 if it ended without an answer, in both (cut by the depth limit, or at the task's last step with
+        nothing to vote for, which the math tasks count as final: rStar gives such a terminal 0; a dead end, no
+        answer can come from it, where the authors' rollouts are simulations that stop after a few steps and
+        never join the tree); else rStar its terminal reward, REST-MCTS* ``rollout_value`` of its kept steps'
+        process rewards."""
         leaf = chain[-1][0]
-        if not leaf.final:
+        if not (leaf.final and leaf.answer):
             return 0.0
         return leaf.reward if self.alpha is None else rollout_value([step[0].reward for step in chain], self.alpha)
 
@@ -160,7 +163,7 @@ class _Tree:
         if self.alpha is not None and self.stats.visits.get(node, 0.0) > 0:
             return self.stats.stats(node).q
         leaf = self.nodes[node]
-        return leaf.reward if leaf.final else 0.0
+        return leaf.reward if leaf.final and leaf.answer else 0.0
 
 
 async def mcts_search(
@@ -364,7 +367,7 @@ async def _folding_search(
                 done, _ = await asyncio.wait([*running, woken], return_when=asyncio.FIRST_COMPLETED)
             finally:  # the search cancelled while it waits, too
                 woken.cancel()
-            for finished in done - {woken}:
+            for finished in [t for t in running if t in done]:  # in launch order: a set's order is by address
                 rollout = running.pop(finished)
                 if rollout.live is not None and finished.exception() is not None:
                     # a rollout started speculatively failed (a timeout, an aborted low-priority request): a
