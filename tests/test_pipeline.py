@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,27 @@ def test_trees_sized_per_stream_stay_within_a_steps_draft_depth(tiny_checkpoint,
         for node, parent in enumerate(tree[1:], start=1):
             depth[node] = depth[parent] + 1
         assert max(depth) == min(k, 7)  # 8 deep with the root at most, as before
+
+
+def test_an_engines_own_tree_and_the_python_api_follow_the_draft_options_k(tiny_checkpoint, tiny_model, tmp_path):
+    """mcsd / seed draw the default k_config tree (2,2,1, 3 deep): with --num-draft-tokens 2 it was refused (by a
+    flag nobody passed) once the model had loaded; now it is cut to k. ``Pipeline.generate`` drafted k = 5 whatever
+    k the pipeline's tree was checked and planned against."""
+    target = tiny_model("llama", 0)
+    config = DraftDecoderConfig("edd", 1, -2, 64, fingerprint(target), target.config.to_dict())
+    DraftDecoder.initialise(config, target, torch.arange(64)).save(tmp_path / "edd", torch.arange(64))
+    model = ModelOptions(target=str(tiny_checkpoint), dtype="fp32", kernels="torch")
+    pipe = Pipeline.from_options(model, DraftOptions(draft="none"))
+    costs = {"t_curve": [{"n": 1, "t": 1.0}, {"n": 64, "t": 2.0}], "c": 0.0}
+    draft = DraftOptions(draft=str(tmp_path / "edd"), num_draft_tokens=2, adaptive_k=False)
+    engine, _ = make_engine(pipe, "mcsd", draft, model, costs)
+    assert list(engine.decoder.proposer.policy.shape) == [-1, 0, 0, 1, 1, 2, 2]  # 2,2 of 2,2,1
+    specinfer = DraftOptions(draft=str(tmp_path / "edd"), tree="specinfer", specinfer="2x8", num_draft_tokens=8)
+    deep = Pipeline.from_options(model, replace(specinfer, adaptive_k=False))
+    asked: list[int] = []
+    generate = deep.decoder.generate
+    deep.decoder.generate = lambda prompts, config, seeds: (
+        asked.append(config.num_draft_tokens) or generate(prompts, config, seeds)
+    )
+    deep.generate("w5 w6", max_new_tokens=4)
+    assert deep.num_draft_tokens == 8 and asked == [8]

@@ -341,3 +341,42 @@ def test_which_errors_are_a_requests_own() -> None:
     for other in (OpenAIBackendError("no key", 401), OpenAIBackendError("down", 503), OpenAIBackendError("gone")):
         assert not is_refusal(other)
     assert not is_refusal(ValueError("a bug")) and not is_refusal(RuntimeError("out of memory"))
+
+
+def test_a_query_that_fails_leaves_none_of_its_expansions_running(tmp_path) -> None:
+    """Refused on its first request, a query's record came back while its sibling thoughts (and their ratings)
+    still ran at primary priority on the shared backend, unowned."""
+    import asyncio
+
+    finished: list[str] = []
+
+    class FirstRefused(RecordingBackend):
+        refused = False
+
+        async def complete(self, request: CompletionRequest) -> Completion:
+            if "w9 w9" in request.prompt:
+                if not self.refused:
+                    from spectot.spec.decoding import PromptRefused
+
+                    self.refused = True
+                    raise PromptRefused("prompt 0 has 2105 tokens; it exceeds the model's context")
+                await asyncio.sleep(0.1)
+                finished.append(request.prompt)
+            else:  # the other queries run on meanwhile, several levels of 0.05 s requests
+                await asyncio.sleep(0.05)
+            return await super().complete(request)
+
+    data = _problems_with_one_too_long(tmp_path / "q.jsonl")
+    tree = TreeSearchOptions(budget=4, queries_in_flight=3)
+    run = run_tree_solve(
+        SearchOptions(search="rebase", depth=2), tree, SolveOptions(data=data, limit=3), FirstRefused()
+    )
+    assert run.summary()["failed"] == 1 and finished == []
+
+
+def test_a_benchmark_refuses_to_compare_work_that_failed() -> None:
+    from spectot.bench.records import refuse_failures
+
+    refuse_failures([{"id": "1", "answer": "3"}], "bench tot")
+    with pytest.raises(ValueError, match=r"bench tot: 1 problem\(s\) failed \(2; problem 2: too long\)"):
+        refuse_failures([{"id": "1", "answer": "3"}, {"id": "2", "answer": "", "error": "too long"}], "bench tot")

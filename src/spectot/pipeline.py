@@ -183,6 +183,7 @@ class Pipeline:
         self.target = target
         self.runner = ModelRunner(target.model, max_context=target.max_context, kernels=kernels)
         self.proposer = proposer
+        self.num_draft_tokens = 5  # k when a call names none: the draft options' (``from_options``)
         self.chat_template = chat_template and target.tokenizer.chat_template is not None
         tokenizer = target.tokenizer
         self.decoder = Decoder(
@@ -232,6 +233,7 @@ class Pipeline:
         pipe = cls(
             target, proposer, chat_template=model.chat_template, kernels=model.kernels, prefix_cache=model.prefix_cache
         )
+        pipe.num_draft_tokens = draft.num_draft_tokens  # the k its tree was checked and planned against
         if draft.adaptive_k and drafts_chains(proposer):
             pipe.decoder.draft_length = adaptive_draft_length(
                 draft, model, measure_solve_costs(pipe, proposer), proposer
@@ -263,7 +265,7 @@ class Pipeline:
         top_k: int = 0,
         top_p: float = 1.0,
         method: Method | None = None,  # None: sd with the pipeline's draft, ar without one
-        num_draft_tokens: int = 5,
+        num_draft_tokens: int | None = None,  # None: the pipeline's (its DraftOptions')
         stop: Sequence[str] | None = (),
         seed: int = 0,
         batch_size: int = 1,
@@ -285,7 +287,7 @@ class Pipeline:
             max_new_tokens=max_new_tokens,
             sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p),
             method=method,
-            num_draft_tokens=num_draft_tokens,
+            num_draft_tokens=self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens,
             stop=(stop,) if isinstance(stop, str) else tuple(stop),  # one stop string given bare
             seed=seed,
         )
@@ -349,7 +351,11 @@ def make_engine(pipe: Pipeline, name: str, draft: DraftOptions, model: ModelOpti
         return ContinuousLevelEngine(ContinuousEngine(decoder(None)), name), "ar"
     auto = {"sd": "chain", "mcsd": "k_config", "seed": "k_config"}
     tree = draft.tree if draft.tree != "auto" else auto.get(name, "chain")
-    proposer = make_proposer(replace(draft, tree=tree), pipe.target, model)
+    shaped = {"tree": tree}
+    if draft.tree == "auto" and tree == "k_config" and draft.k_config == DraftOptions.k_config:
+        # the engine's own default tree (2,2,1), as deep as a step drafts where k is smaller
+        shaped["k_config"] = ",".join(draft.k_config.split(",")[: draft.num_draft_tokens])
+    proposer = make_proposer(replace(draft, **shaped), pipe.target, model)
 
     def machine_costs() -> dict:  # t(n) and c, measured once and only where needed
         nonlocal costs

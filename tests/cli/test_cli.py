@@ -336,6 +336,11 @@ def test_a_solve_whose_problem_failed_exits_1_and_names_it(capsys, checkpoint, t
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 3"}) + "\n" for q in questions))
     flags = ["--target", str(checkpoint), "--dtype", "fp32", "--kernels", "torch", "--data", str(data)]
-    code, out, err = run(capsys, "solve", *flags, "--engine", "ar", "--depth", "2", "--thoughts", "2")
+    records = ["--json", str(tmp_path / "out.jsonl")]
+    code, out, err = run(capsys, "solve", *flags, "--engine", "ar", "--depth", "2", "--thoughts", "2", *records)
     assert code == 1 and "1 of 2 problems failed (2): see their records' error" in err
     assert "[2/2] 2: grade 0.00" in err + out and "failed: prompt" in err + out and "1 failed, graded 0" in out
+    code, out, err = run(
+        capsys, "solve", *flags, "--engine", "ar", "--depth", "2", "--thoughts", "2", *records, "--resume"
+    )
+    assert code == 1 and "1 of 2 problems failed (2)" in err  # resumed, the failure still counts

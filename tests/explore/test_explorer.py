@@ -1021,3 +1021,24 @@ def test_an_mcts_rollout_ending_at_the_tasks_last_step_without_an_answer_backs_u
     _fold(tree, unanswered), _fold(tree, answered)
     assert tree.stats.stats(0).q == pytest.approx(0.3) and tree.stats.stats(1).q == 0.0
     assert tree.dead_end(1) == 0.0 and tree.dead_end(2) == pytest.approx(0.6)
+
+
+def test_rest_mcts_keeps_an_answered_step_over_a_better_rated_last_step_that_answers_nothing() -> None:
+    """A step's children ranked by raw reward: a last step with no answer (0.9) was kept over an answered one (0.6),
+    and the rollout then backed up 0 while the answer only voted."""
+    from spectot.search.mcts import _rollout
+
+    children = {
+        0: Child.make_dummy((), 0, reward=0.9, final=True, answer=""),
+        1: Child.make_dummy((), 1, reward=0.6, final=True, answer="7"),
+    }
+
+    class Source:
+        async def expand(self, key, priority=PRIMARY):
+            return children[key.index]
+
+    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 2, 2, 1, alpha=0.5)
+    rollout = _claim(tree, (0,))
+    asyncio.run(_rollout(Source(), tree, tree.nodes[0], rollout))
+    assert [c.answer for c in rollout.chain[0]] == ["7", ""]
+    assert tree.rollout(rollout.chain) == pytest.approx(0.6)

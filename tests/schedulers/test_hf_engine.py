@@ -103,7 +103,9 @@ def test_a_stop_string_opening_with_a_space_ends_a_sentencepiece_row_at_its_firs
     assert all(p.token_ids[0] > 3 for p in plain)  # words, not special tokens
     stop = tuple(" " + words(p.token_ids[:1]) for p in plain)
     level = Level(PROMPTS, DecodeConfig(max_new_tokens=8, stop=stop), [0, 1, 2])
-    for engine in (serial, HFBatchedEngine(target, (63,), words, CONTEXT)):
+    hf = HFBatchedEngine(target, (63,), words, CONTEXT)
+    for engine in (serial, hf):
         results = engine.run(level)
         assert [r.token_ids for r in results] == [p.token_ids[:1] for p in plain]
         assert {r.finish_reason for r in results} == {"stop"}
+    assert {r.stats.target_forwards for r in hf.run(level)} == {1}  # generate() stopped there, not cut after 8

@@ -735,24 +735,12 @@ def test_a_completion_reads_after_its_prompt() -> None:
     assert not hit_stop(generated[:1], ["w5 w6"], detokenize, prompt)
 
 
-def test_a_step_cut_by_a_stop_is_no_evidence_of_acceptance(target, ar_reference) -> None:
-    """The target drafting for itself: every draft is accepted. A stop string met inside the accepted path ends
-    the stream there; that step counted all its accepted ranks, past the stop too (5 against the 2 drafts kept),
-    evidence the adaptive draft length and the acceptance vector read."""
-    prompt = [5, 9, 13, 2, 7]
-    reference = ar_reference(prompt)
-    assert reference[3] not in reference[:3]
-    detokenize = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731
-    [out] = run(
-        target,
-        [prompt],
-        DraftModelProposer(ModelRunner(target)),
-        detokenize=detokenize,
-        max_new_tokens=20,
-        method="sd",
-        num_draft_tokens=5,
-        stop=(f"<{reference[3]}>",),
-    )
-    # the prefill's token, then one step: drafts 1-5 all accepted, the stream cut after the third
-    assert out.finish_reason == "stop" and out.token_ids == reference[:4]
-    assert (out.stats.accepted, sum(out.stats.accepted_rank)) == (2, 0)
+def test_an_empty_prompt_is_a_refusal_of_its_own(target) -> None:
+    """An empty prompt raised a plain ValueError, so a search ended the whole run on it, where every other prompt
+    the decoder cannot run fails its query alone."""
+    from spectot.backends.base import is_refusal
+    from spectot.spec.decoding import PromptRefused
+
+    with pytest.raises(PromptRefused, match="at least one token") as refused:
+        run(target, [[5, 9], []], max_new_tokens=2)
+    assert is_refusal(refused.value)

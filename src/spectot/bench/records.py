@@ -152,3 +152,15 @@ def _version() -> str:
         return importlib.metadata.version("spectot")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def refuse_failures(records: list[dict], what: str) -> None:
+    """A benchmark compares work that ran: a problem that failed alone (a prompt past the context: its record's
+    ``error``, graded 0, seconds short) would count as a fast wrong answer on every side, so it ends the run."""
+    failed = [r for r in records if r.get("error")]
+    if failed:
+        first = failed[0]
+        raise ValueError(
+            f"{what}: {len(failed)} problem(s) failed ({', '.join(str(r['id']) for r in failed[:5])}; problem "
+            f"{first['id']}: {first['error']}); leave them out (--offset, --problems) or give the model more context"
+        )

@@ -29,7 +29,14 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, content_id, load_records, machine_info, run_identity
+from spectot.bench.records import (
+    append_record,
+    content_id,
+    load_records,
+    machine_info,
+    refuse_failures,
+    run_identity,
+)
 from spectot.explore.bound import per_request_rate, replay_seconds
 from spectot.explore.budget import k_total_from_curve
 from spectot.tree_solve import TreeSolveRun
@@ -156,6 +163,7 @@ def run_bench_spex(
                 backend,
                 report=lambda *a: bar.advance(job),
             )
+            refuse_failures(run.records, f"bench spex {task} {search} {variant}")
             value = {"seconds": run.seconds, "engine": run.engine, "queries": [_lean(r) for r in run.records]}
             value |= {"k_total": k_total, "early_stop": options.early_stop, "data": data[task], "run": run_id}
             append_record(out / "records.jsonl", config_key, (task, search, queries, variant, first), value, records)
@@ -361,6 +369,7 @@ def check_remote(
     options = replace(tree, explore="spex", k_total=k_total, queries_in_flight=4)
     solve = SolveOptions(task=name, data=data, limit=n)
     local = run_tree_solve(search, options, solve, LocalEngineBackend.from_pipeline(pipe))
+    refuse_failures(local.records, "bench spex's remote check")
     served = LocalEngineBackend.from_pipeline(pipe, name=model.target)
     with BackgroundServer(create_app(served)) as server:
         remote_backend = OpenAIBackend.from_urls([f"{server.url}/v1"], model.target)

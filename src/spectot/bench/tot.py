@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from spectot.bench.progress import progress_bar
-from spectot.bench.records import append_record, load_records, machine_info, run_identity
+from spectot.bench.records import append_record, load_records, machine_info, refuse_failures, run_identity
 from spectot.config import (
     BenchTotOptions,
     DraftOptions,
@@ -133,6 +133,7 @@ def run_bench_tot(
             run = run_solve(
                 model_opts, draft_opts, search, solve, pipe=pipe, engine=made[(task, engine)], in_flight=width
             )
+            refuse_failures(run.records, f"bench tot {task} {engine}")
             for (_, _, n), record in zip(unit, run.records):
                 value = {
                     "answer": record["answer"],

@@ -245,7 +245,7 @@ def _solve(args: argparse.Namespace) -> int:
         console.print(f"timeline written to {options.trace} (draw it with `spectot trace {options.trace}`)")
     drafted = "no draft" if options.engine in DRAFTLESS_ENGINES else f"draft {draft.draft}"
     Console().print(solve_table(summary, f"{options.task} / tot-bfs / {options.engine} / {drafted}"))
-    return _failures(run.records)
+    return _failures(run.records + run.resumed)
 
 
 def _tree_solve(args: argparse.Namespace) -> int:
@@ -281,7 +281,7 @@ def _tree_solve(args: argparse.Namespace) -> int:
         run = run_tree_solve(search, tree, options, backend, report, problems=problems, embed=embed, setup=setup)
     title = f"{options.task} / {search.search} / explore {tree.explore} / {backend_options.backend}"
     Console().print(tree_solve_table(run.summary(), title))
-    return _failures(run.records)
+    return _failures(run.records + run.resumed)
 
 
 def _failures(records: list[dict]) -> int:

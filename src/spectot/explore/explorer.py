@@ -42,6 +42,7 @@ from typing import Any
 from spectot.backends.base import LivePriority
 from spectot.explore.budget import allocate
 from spectot.search.expansion import PRIMARY, SPECULATIVE, Child, ChildKey, Expander, Node
+from spectot.search.tree_search import gather_or_cancel
 
 WidthRule = Callable[[Sequence[Child], int], list[int]]  # (finished siblings, budget) -> children of each
 
@@ -228,9 +229,9 @@ class Explorer:
     async def level(self, keys: Sequence[ChildKey], rule: WidthRule | None = None, budget: int = 0) -> list[Child]:
         """Every child of a BFS level; with speculation, each finished non-final child is expanded
         ahead (``rule`` over its finished siblings, ``budget`` the level's remaining width)."""
-        tasks = [asyncio.ensure_future(self.expand(k)) for k in keys]
         if not self.speculating or rule is None:
-            return list(await asyncio.gather(*tasks))
+            return await gather_or_cancel(self.expand(k) for k in keys)
+        tasks = [asyncio.ensure_future(self.expand(k)) for k in keys]
         finished: list[Child] = []
         place = {key: i for i, key in enumerate(keys)}
         for next_done in asyncio.as_completed(tasks):

@@ -61,6 +61,7 @@ from spectot.search.tree_search import (
     StopRule,
     TreeSearchConfig,
     TreeSearchResult,
+    gather_or_cancel,
     read_open,
     result_of,
     root_child,
@@ -416,10 +417,11 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
             children = await asyncio.gather(*[source.ahead(k, priority) for k in r.waiting])  # started at once
         else:
             ask = r.live if r.live is not None and priority != PRIMARY else priority
-            children = await asyncio.gather(*(source.expand(k, ask) for k in r.waiting))
+            children = await gather_or_cancel(source.expand(k, ask) for k in r.waiting)
         if priority == SPECULATIVE and not r.ahead:
             r.ran_speculatively += children
-        step = sorted(children, key=lambda c: -c.reward)  # REST-MCTS keeps the best by process reward
+        # REST-MCTS keeps the best by process reward; a last step that answers nothing is worth 0 (``_Tree.rollout``)
+        step = sorted(children, key=lambda c: -(c.reward if c.answer or not c.final else 0.0))
         r.chain.append(step)
         if r.progress is not None:
             r.progress.set()

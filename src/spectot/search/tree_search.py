@@ -126,7 +126,7 @@ class PlainSource:
         return asyncio.ensure_future(self.expander.expand(key, priority))
 
     async def level(self, keys: Sequence[ChildKey], rule=None, budget: int = 0) -> list[Child]:
-        return list(await asyncio.gather(*(self.expand(k) for k in keys)))
+        return await gather_or_cancel(self.expand(k) for k in keys)
 
     def retain(self, keep: Callable[[ChildKey], bool], running_only: bool = False) -> None:
         pass
@@ -155,6 +155,20 @@ class PlainSource:
 
     async def close(self) -> None:
         pass
+
+
+async def gather_or_cancel(work) -> list:
+    """The results of ``work`` (awaitables), run at once; on the first failure the rest are cancelled, and
+    awaited, before it is raised: a query that fails alone (a prompt past the context) leaves no sibling
+    expansion running on unowned."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def level_barrier_seconds(expansions: Sequence[Child]) -> float:

@@ -223,7 +223,7 @@ class DecodeSession:
         if config.stop and decoder.detokenize is None:
             raise ValueError("stop strings need a detokenizer")
         if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+            raise PromptRefused("every prompt needs at least one token")
         self.decoder, self.runner, self.proposer, self.config = decoder, decoder.runner, decoder.proposer, config
         self.batch = DecodeStats()
         self._t0 = time.perf_counter()
@@ -247,7 +247,7 @@ class DecodeSession:
         if config.stop and self.decoder.detokenize is None:
             raise ValueError("stop strings need a detokenizer")
         if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+            raise PromptRefused("every prompt needs at least one token")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
@@ -495,16 +495,17 @@ class DecodeSession:
         for i, (s, d, st, logits) in enumerate(zip(streams, drafts, trees, out.logits)):
             path, next_token = self._verify(d, st.tree, logits, s)
             parents = st.tree.parents.tolist()
+            # the whole verified path is evidence of the draft's agreement, past a stop that ends the stream too (the
+            # target did verify those drafts): ranks, calibration and the draft length's acceptance read it all
+            s.stats.record_ranks(_accepted_ranks(parents, path))
+            if length is not None:
+                self._observe_length(s, d, path)
+            if d.confidence is not None:
+                conf = d.confidence.tolist()  # NaN: no draft confidence (a grafted prompt-lookup branch)
+                tested = [v for v in _tested(parents, path, d.rule is not None) if not math.isnan(conf[v - 1])]
+                s.stats.record_calibration([conf[v - 1] for v in tested], [v in path for v in tested])
             new = st.tree.tokens[path[1:]].tolist() + [next_token]
             kept = self._emit(s, new, _logprobs(logits, new, path))
-            if kept == len(new):  # a step a stop cut short is no evidence of ranks, confidence or acceptance
-                s.stats.record_ranks(_accepted_ranks(parents, path))
-                if length is not None:
-                    self._observe_length(s, d, path)
-                if d.confidence is not None:
-                    conf = d.confidence.tolist()  # NaN: no draft confidence (a grafted prompt-lookup branch)
-                    tested = [v for v in _tested(parents, path, d.rule is not None) if not math.isnan(conf[v - 1])]
-                    s.stats.record_calibration([conf[v - 1] for v in tested], [v in path for v in tested])
             # a stop inside the accepted path ends the stream there: the step counts as a draft cut at the stop
             # (its last kept token plays the bonus token), so accepted + steps is what the stream emitted
             reached = _depth_reached(parents, path) if kept == len(new) else kept - 1
