@@ -380,3 +380,17 @@ def test_a_benchmark_refuses_to_compare_work_that_failed() -> None:
     refuse_failures([{"id": "1", "answer": "3"}], "bench tot")
     with pytest.raises(ValueError, match=r"bench tot: 1 problem\(s\) failed \(2; problem 2: too long\)"):
         refuse_failures([{"id": "1", "answer": "3"}, {"id": "2", "answer": "", "error": "too long"}], "bench tot")
+
+
+def test_a_tree_search_names_the_problem_whose_bad_input_ended_the_run(tmp_path) -> None:
+    """A chat template that refuses one problem's prompt ends the run (it is no context overflow to record), and
+    the error named no problem."""
+    data = _problems_with_one_too_long(tmp_path / "q.jsonl")
+    backend = RefusingBackend(ValueError("the chat template refused the prompt: roles must alternate"))
+    with pytest.raises(ValueError, match="problem 2: the chat template refused the prompt"):
+        run_tree_solve(
+            SearchOptions(search="rebase", depth=2),
+            TreeSearchOptions(budget=2),
+            SolveOptions(data=data, limit=3),
+            backend,
+        )

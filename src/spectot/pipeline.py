@@ -19,7 +19,7 @@ import torch
 
 from spectot.config import DraftOptions, EngineName, Kernels, ModelOptions, check_engine_draft
 from spectot.engine.runner import ModelRunner
-from spectot.models.loader import DType, LoadedModel, check_same_vocabulary, load_model, real_tokens
+from spectot.models.loader import DType, LoadedModel, chat_ids, check_same_vocabulary, load_model, real_tokens
 from spectot.spec.decoding import (
     DecodeConfig,
     Decoder,
@@ -247,12 +247,7 @@ class Pipeline:
         without one, or ``chat`` False: a task whose prompts are plain-text continuations), else the text."""
         tokenizer = self.target.tokenizer
         if self.chat_template and chat:
-            messages = [{"role": "user", "content": prompt}]
-            return list(
-                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
-                    "input_ids"
-                ]
-            )
+            return chat_ids(tokenizer, [{"role": "user", "content": prompt}])
         return list(tokenizer(prompt)["input_ids"])
 
     def generate(

@@ -372,3 +372,19 @@ def test_unknown_device_names_are_refused(device: str) -> None:
 
     with pytest.raises(ValueError, match="--device must be"):
         ModelOptions(device=device)
+
+
+def test_a_chat_templates_refusal_is_a_value_error_naming_the_template() -> None:
+    """transformers raises jinja2's TemplateError (no ValueError): the CLI showed a traceback."""
+    from conftest import build_tiny_tokenizer
+
+    from spectot.models.loader import chat_ids
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message first') }}{% endif %}"
+    )
+    with pytest.raises(ValueError, match="the chat template refused the prompt: a system message first"):
+        chat_ids(tokenizer, [{"role": "user", "content": "w5"}])
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    assert chat_ids(tokenizer, [{"role": "user", "content": "w5 w6"}]) == [9, 10]

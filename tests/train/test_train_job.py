@@ -300,5 +300,5 @@ def test_a_line_the_chat_template_refuses_is_named_and_skipped(tiny_model, tmp_p
     model = ModelOptions(target=str(target), dtype="fp32", kernels="torch")
     result = run_train_draft(model, small_job(tmp_path, str(path)), lambda *args, **kwargs: None)
     [issue] = result["corpus"]["skipped_lines"]
-    assert issue["line"] == 2 and "chat template refused it: no w7 here" in issue["reason"]
+    assert issue["line"] == 2 and "chat template refused the prompt: no w7 here" in issue["reason"]
     assert result["corpus"]["sequences"] == 3

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
 from spectot.backends.base import Completion, CompletionRequest
+from spectot.models.loader import chat_ids
 from spectot.schedulers.continuous import ContinuousEngine
 from spectot.spec.decoding import CONTEXT_TOKENS, DecodeConfig, Method, StreamResult, cut_at_stop, decode_after
 from spectot.spec.sampling import SamplingParams
@@ -176,10 +177,7 @@ class LocalEngineBackend:
     def render_ids(self, messages: Sequence[dict]) -> list[int]:
         if not self.chat_template:  # a base model (or --no-chat-template): the messages' text, one per line
             return list(self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"])
-        out = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(out["input_ids"])
+        return chat_ids(self.tokenizer, list(messages))
 
     def render_chat(self, messages: Sequence[dict]) -> str:
         """The chat as the model sees it (template applied, generation prompt added), as text."""

@@ -269,3 +269,16 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 def real_tokens(model: LoadedModel) -> int:
     """The ids that are tokens (the tokenizer's, added ones included); an LM head may be padded past them."""
     return max(model.tokenizer.get_vocab().values()) + 1
+
+
+def chat_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """The ids a chat model is fed for ``messages``: its chat template with the generation prompt added. A template's
+    own refusal (jinja2's ``raise_exception``: roles must alternate, a system message required) is a ValueError
+    naming the template, which the callers name the prompt or the line of."""
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    except TemplateError as err:
+        raise ValueError(f"the chat template refused the prompt: {err}") from err
+    return list(out["input_ids"])

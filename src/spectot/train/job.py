@@ -33,7 +33,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
         fingerprint,
         head_vocabulary,
     )
-    from spectot.models.loader import load_model
+    from spectot.models.loader import chat_ids, load_model
 
     torch.manual_seed(options.seed)
     if model.threads:
@@ -67,14 +67,7 @@ def run_train_draft(model: ModelOptions, options: TrainDraftOptions, report: Rep
     def encode_chat(text: str) -> list[int]:  # a prompt, as Pipeline.encode feeds it at inference
         if not (model.chat_template and tokenizer.chat_template is not None):
             return list(tokenizer(text)["input_ids"])
-        from jinja2 import TemplateError  # transformers renders chat templates with jinja2
-
-        messages = [{"role": "user", "content": text}]
-        try:
-            out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        except TemplateError as err:  # a template's raise_exception: one line's issue, named (it ended the read)
-            raise ValueError(f"the chat template refused it: {err}") from err
-        return list(out["input_ids"])
+        return chat_ids(tokenizer, [{"role": "user", "content": text}])  # a refusal: one line's issue, named
 
     def encode_text(text: str) -> list[int]:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
