@@ -234,3 +234,10 @@ def test_an_engines_own_tree_and_the_python_api_follow_the_draft_options_k(tiny_
     )
     deep.generate("w5 w6", max_new_tokens=4)
     assert deep.num_draft_tokens == 8 and asked == [8]
+    from spectot.backends.local import LocalEngineBackend
+
+    backend = LocalEngineBackend.from_pipeline(deep, method="sd")  # the server's and the searches' backend too
+    try:
+        assert backend.num_draft_tokens == 8
+    finally:
+        backend.engine.close()

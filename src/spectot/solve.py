@@ -44,6 +44,7 @@ class SolveRun:
         return {
             "problems": len(self.records),
             "failed": sum(bool(r.get("error")) for r in self.records),
+            "failed_all": sum(bool(r.get("error")) for r in self.records + self.resumed),
             "resumed": len(self.resumed),
             "accuracy": sum(grades) / len(grades) if grades else 0.0,
             "accuracy_all": sum(every) / len(every) if every else 0.0,

@@ -48,6 +48,7 @@ class TreeSolveRun:
         return {
             "problems": n,
             "failed": sum(bool(r.get("error")) for r in self.records),
+            "failed_all": sum(bool(r.get("error")) for r in self.records + self.resumed),
             "resumed": len(self.resumed),
             "accuracy": sum(r["score"] for r in self.records) / n if n else 0.0,
             "accuracy_all": sum(every) / len(every) if every else 0.0,

@@ -344,3 +344,4 @@ def test_a_solve_whose_problem_failed_exits_1_and_names_it(capsys, checkpoint, t
         capsys, "solve", *flags, "--engine", "ar", "--depth", "2", "--thoughts", "2", *records, "--resume"
     )
     assert code == 1 and "1 of 2 problems failed (2)" in err  # resumed, the failure still counts
+    assert "1 failed, graded 0" in out  # in the table's caption too

@@ -1025,20 +1025,24 @@ def test_an_mcts_rollout_ending_at_the_tasks_last_step_without_an_answer_backs_u
 
 def test_rest_mcts_keeps_an_answered_step_over_a_better_rated_last_step_that_answers_nothing() -> None:
     """A step's children ranked by raw reward: a last step with no answer (0.9) was kept over an answered one (0.6),
-    and the rollout then backed up 0 while the answer only voted."""
+    and the rollout then backed up 0 while the answer only voted; tied at 0, the lower index won the same way; an
+    open child at the depth limit ends the rollout unanswered too."""
     from spectot.search.mcts import _rollout
 
-    children = {
-        0: Child.make_dummy((), 0, reward=0.9, final=True, answer=""),
-        1: Child.make_dummy((), 1, reward=0.6, final=True, answer="7"),
-    }
+    def kept(unanswered: Child, answered: Child) -> tuple[list[str], float]:
+        children = {0: unanswered, 1: answered}
 
-    class Source:
-        async def expand(self, key, priority=PRIMARY):
-            return children[key.index]
+        class Source:
+            async def expand(self, key, priority=PRIMARY):
+                return children[key.index]
 
-    tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 2, 2, 1, alpha=0.5)
-    rollout = _claim(tree, (0,))
-    asyncio.run(_rollout(Source(), tree, tree.nodes[0], rollout))
-    assert [c.answer for c in rollout.chain[0]] == ["7", ""]
-    assert tree.rollout(rollout.chain) == pytest.approx(0.6)
+        tree = _Tree(MctsTree(children={}), {0: root_child()}, {}, 2, 2, 1, alpha=0.5)
+        rollout = _claim(tree, (0,))
+        asyncio.run(_rollout(Source(), tree, tree.nodes[0], rollout))
+        return [c.answer for c in rollout.chain[0]], tree.rollout(rollout.chain)
+
+    answered = Child.make_dummy((), 1, reward=0.6, final=True, answer="7")
+    assert kept(Child.make_dummy((), 0, reward=0.9, final=True), answered) == (["7", ""], pytest.approx(0.6))
+    tied = kept(Child.make_dummy((), 0, reward=0.0, final=True), replace(answered, reward=0.0))
+    assert tied[0] == ["7", ""]
+    assert kept(Child.make_dummy((), 0, reward=0.9), answered)[0] == ["7", ""]  # open, cut by max_depth 1

@@ -47,7 +47,7 @@ class LocalEngineBackend:
         budget=None,
         fill_rows: int = 0,  # TreeSearchOptions' (--fill-rows) default: prefilled at once was faster here
         draft_priority: int | None = None,
-        num_draft_tokens: int = 5,
+        num_draft_tokens: int | None = None,  # None: the pipeline's (its DraftOptions')
     ):
         """Over a ``Pipeline``'s target (and its draft, for ``method="sd"``); ``fill_rows``: see ``ContinuousEngine``;
         ``draft_priority``: draft only for requests of this priority value or lower, at each step (0: primary ones,
@@ -63,7 +63,7 @@ class LocalEngineBackend:
             engine,
             pipe.target.tokenizer,
             method,
-            num_draft_tokens,
+            pipe.num_draft_tokens if num_draft_tokens is None else num_draft_tokens,
             name=alias,
             max_context=pipe.runner.max_context,
             chat_template=pipe.chat_template,

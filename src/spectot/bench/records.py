@@ -162,5 +162,5 @@ def refuse_failures(records: list[dict], what: str) -> None:
         first = failed[0]
         raise ValueError(
             f"{what}: {len(failed)} problem(s) failed ({', '.join(str(r['id']) for r in failed[:5])}; problem "
-            f"{first['id']}: {first['error']}); leave them out (--offset, --problems) or give the model more context"
+            f"{first['id']}: {first['error']}); run fewer --problems or a data file without them"
         )

@@ -374,6 +374,7 @@ def check_remote(
     with BackgroundServer(create_app(served)) as server:
         remote_backend = OpenAIBackend.from_urls([f"{server.url}/v1"], model.target)
         remote = run_tree_solve(search, options, solve, remote_backend)
+        refuse_failures(remote.records, "bench spex's remote check (through the server)")
     asyncio.run(served.aclose())
     same = lambda run: {r["id"]: r["answer"] for r in run.records}  # noqa: E731
     return {

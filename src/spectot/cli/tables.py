@@ -67,8 +67,9 @@ def solve_table(summary: dict, title: str) -> Table:
 
 
 def _failed(summary: dict) -> str:
-    """A caption line for problems that failed (a prompt past the context): they count as wrong."""
-    return f"; {summary['failed']} failed, graded 0" if summary.get("failed") else ""
+    """A caption line for problems that failed (a prompt past the context), resumed ones too: they count as wrong."""
+    failed = summary.get("failed_all", summary.get("failed"))
+    return f"; {failed} failed, graded 0" if failed else ""
 
 
 def _resumed(summary: dict) -> str:

@@ -420,8 +420,10 @@ async def _rollout(source: ChildSource, tree: _Tree, start: Child, r: _Rollout):
             children = await gather_or_cancel(source.expand(k, ask) for k in r.waiting)
         if priority == SPECULATIVE and not r.ahead:
             r.ran_speculatively += children
-        # REST-MCTS keeps the best by process reward; a last step that answers nothing is worth 0 (``_Tree.rollout``)
-        step = sorted(children, key=lambda c: -(c.reward if c.answer or not c.final else 0.0))
+        # REST-MCTS keeps the best by process reward, a child that would end the rollout without an answer last (it
+        # backs up 0, ``_Tree.rollout``; an answered child rated 0 still beats it)
+        ends_unanswered = lambda c: (c.final or len(c.state) >= tree.max_depth) and not c.answer  # noqa: E731
+        step = sorted(children, key=lambda c: (ends_unanswered(c), -c.reward))
         r.chain.append(step)
         if r.progress is not None:
             r.progress.set()
