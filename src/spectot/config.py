@@ -274,10 +274,11 @@ class DraftOptions:
             raise ValueError(f"--lookup is a match length (>= 1) or 0 for off, got {self.lookup}")
         if self.draft_head < -1:
             raise ValueError(f"--draft-head counts tokens (0: the whole head, -1: auto), got {self.draft_head}")
+        deep, shape = self.tree_depth, f"--tree-depth {self.tree_depth}"  # how deep the tree drafts
         if self.tree == "k_config":
-            parse_int_list(self.k_config, "--k-config")
+            deep, shape = len(parse_int_list(self.k_config, "--k-config")), f"--k-config {self.k_config}"
         if self.tree == "specinfer":
-            parse_specinfer(self.specinfer)
+            deep, shape = parse_specinfer(self.specinfer)[1], f"--specinfer {self.specinfer}"
         if self.tree == "sequoia" and not self.acceptance:
             raise ValueError("--tree sequoia needs --acceptance (measure it with `spectot tree measure`)")
         if self.acceptance:  # read now: the engines that size trees by it read it after the model loaded
@@ -295,14 +296,7 @@ class DraftOptions:
             )
         if not 0 <= self.pct_threshold < 1:
             raise ValueError(f"--pct-threshold must be in [0, 1), got {self.pct_threshold}")
-        deep = self.tree_depth  # a step drafts at most k deep: a deeper tree would be cut, unlike its plan
-        if self.tree == "k_config":
-            deep, shape = len(parse_int_list(self.k_config, "--k-config")), f"--k-config {self.k_config}"
-        elif self.tree == "specinfer":
-            deep, shape = parse_specinfer(self.specinfer)[1], f"--specinfer {self.specinfer}"
-        else:
-            shape = f"--tree-depth {self.tree_depth}"
-        if deep > self.num_draft_tokens:
+        if deep > self.num_draft_tokens:  # a step drafts at most k deep: a deeper tree would be cut, unlike its plan
             raise ValueError(
                 f"{shape} drafts {deep} tokens deep, past --num-draft-tokens {self.num_draft_tokens} (a step drafts "
                 f"at most that deep: the rest of the tree would be cut): pass --num-draft-tokens {deep}"

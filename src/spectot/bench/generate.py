@@ -58,11 +58,12 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
             )
         return seq[0, len(prompt) :].tolist(), {}
 
-    def spectot_ready(method: str) -> None:
-        """Untimed, before each spectot run: its draft, and an empty prefix cache (every method prefills the
+    def prepare(method: str) -> None:
+        """Untimed, before each run: spectot's draft, and its prefix cache emptied (every method prefills the
         prompt, as HF generate() does; cleared inside the timed region, it cost spectot alone)."""
-        pipe.decoder.proposer = ngram if method == "sd" else None
-        pipe.decoder.prefix_cache.clear()
+        if method.startswith("spectot"):
+            pipe.decoder.proposer = ngram if method == "spectot_sd_ngram" else None
+            pipe.decoder.prefix_cache.clear()
 
     def spectot(prompt: list[int], method: str) -> tuple[list[int], dict]:
         res = pipe.decoder.generate([prompt], DecodeConfig(max_new_tokens=opts.max_new_tokens, method=method))[0]
@@ -74,10 +75,6 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
         "spectot_ar": lambda p: spectot(p, "ar"),
         "spectot_sd_ngram": lambda p: spectot(p, "sd"),
     }
-    ready: dict[str, Callable[[], None]] = {
-        "spectot_ar": lambda: spectot_ready("ar"),
-        "spectot_sd_ngram": lambda: spectot_ready("sd"),
-    }
     config_key = run_identity({**asdict(opts), **asdict(model_opts)})
     records = load_records(out / "records.jsonl", config_key)
     todo = [(m, i) for i in range(len(prompts)) for m in METHODS if (m, i) not in records]
@@ -85,13 +82,13 @@ def run_bench_generate(model_opts: ModelOptions, opts: BenchGenerateOptions) -> 
         task = bar.add_task("bench generate", total=len(todo))
         if todo:
             for method in METHODS:  # warm-up: one untimed short generation per method
-                ready.get(method, lambda: None)()
+                prepare(method)
                 runners[method](prompts[0][:32])
         # interleave methods per prompt so machine drift hits every method alike
         for method, i in todo:
             best: dict | None = None
             for _ in range(opts.repeats):  # the fastest pass is the one reported
-                ready.get(method, lambda: None)()
+                prepare(method)
                 t = time.perf_counter()
                 tokens, stats = runners[method](prompts[i])
                 seconds = time.perf_counter() - t

@@ -107,9 +107,9 @@ async def run_queries(
             try:
                 result = await run(task, problem, source, search, stop)
             except Exception as error:
-                if isinstance(error, ValueError) and not is_refusal(error):  # it ends the run: name its problem
-                    raise ValueError(f"problem {problem.id}: {error}") from error
-                if not is_refusal(error):
+                if not is_refusal(error):  # it ends the run: a bad input names its problem
+                    if isinstance(error, ValueError):
+                        raise ValueError(f"problem {problem.id}: {error}") from error
                     raise
                 log.warning("problem %s failed: %s", problem.id, error)
                 spent = expander.counters

@@ -217,13 +217,7 @@ class DecodeSession:
 
     def __init__(
         self, decoder: Decoder, prompts: Sequence[Sequence[int]], config: DecodeConfig, seeds: Sequence[int] | None
-    ) -> None:
-        if config.method == "sd" and decoder.proposer is None:
-            raise ValueError("method 'sd' needs a draft: pass a proposer (a draft model or ngram)")
-        if config.stop and decoder.detokenize is None:
-            raise ValueError("stop strings need a detokenizer")
-        if any(len(p) == 0 for p in prompts):
-            raise PromptRefused("every prompt needs at least one token")
+    ) -> None:  # ``add`` checks the prompts and config (at the end, before any stream exists)
         self.decoder, self.runner, self.proposer, self.config = decoder, decoder.runner, decoder.proposer, config
         self.batch = DecodeStats()
         self._t0 = time.perf_counter()
@@ -636,12 +630,14 @@ def hit_stop(
     """Whether the newest of ``tokens`` (the generated ones, after ``context``: the prompt's) completes a stop
     string. Only the tail is decoded: a stop string of L characters ends in the newest token and spans at most L
     tokens that show text, and a character may take up to 4 byte tokens, so 32 + 4 L tokens suffice (a fixed 32
-    missed stop strings of more than 32 words); they are decoded after the tokens before them (``decode_after``),
-    so a stop string that opens with a space matches on the first token of a SentencePiece tokenizer's text."""
+    missed stop strings of more than 32 words); while they include the first generated token they are decoded
+    after the prompt (``decode_after``), so a stop string that opens with a space matches on the first token of a
+    SentencePiece tokenizer's text."""
     window = 32 + 4 * max((len(x) for x in stop), default=0)
-    cut = max(len(tokens) - window, 0)
-    before = list(context[-CONTEXT_TOKENS:]) + list(tokens[max(cut - CONTEXT_TOKENS, 0) : cut])
-    tail = decode_after(detokenize, before, tokens[cut:])
+    if len(tokens) > window:  # no stop string reaches the window's first token, where a start-of-text rule acts
+        tail = detokenize(list(tokens[-window:]))
+    else:
+        tail = decode_after(detokenize, context, tokens)
     return any(x in tail for x in stop)
 
 
